@@ -1,0 +1,125 @@
+"""Decisions and the orchestrator protocol (Dynamo's virtual connector over HTTP)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Path, Query, Request, Response
+
+from app.api.auth import Orchestrator, Viewer
+from app.api.convert import decision_out
+from app.api.deps import (
+    DeploymentsDep,
+    HubDep,
+    NowDep,
+    SessionDep,
+    deployment_for_decision,
+    deployment_or_raise,
+)
+from app.api.schemas import CompleteIn, DecisionOut, DecisionPage, Problem
+from app.core.errors import InvalidInputError
+from app.core.types import DecisionStatus
+from app.store import decisions as store
+
+router = APIRouter(prefix="/decisions", tags=["decisions"])
+
+_ERRORS = {
+    401: {"model": Problem}, 403: {"model": Problem}, 404: {"model": Problem}, 422: {"model": Problem},
+}
+DecisionId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Decision id, per deployment")]
+DeploymentQuery = Annotated[
+    str | None, Query(max_length=63, description="Required when more than one deployment is configured")
+]
+
+
+@router.get("", name="list_decisions", response_model=DecisionPage, responses=_ERRORS)
+def list_decisions(
+    session: SessionDep,
+    deployments: DeploymentsDep,
+    _: Viewer,
+    deployment: Annotated[str | None, Query(max_length=63)] = None,
+    after: Annotated[int | None, Query(ge=0, description="Only decisions with a greater id")] = None,
+    status: Annotated[DecisionStatus | None, Query()] = None,
+    cursor: Annotated[int | None, Query(ge=0)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> DecisionPage:
+    if deployment is not None:
+        deployment_or_raise(deployments, deployment)
+    rows = store.list_decisions(
+        session, deployment=deployment, after=after, status=status, cursor=cursor, limit=limit + 1
+    )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return DecisionPage(items=[decision_out(d) for d in rows], next_cursor=rows[-1].pk if more else None)
+
+
+@router.get(
+    "/wait",
+    name="wait_for_decision",
+    response_model=DecisionOut,
+    responses={**_ERRORS, 204: {"description": "No newer decision before the timeout"}},
+)
+async def wait_for_decision(
+    deployments: DeploymentsDep,
+    hub: HubDep,
+    _: Orchestrator,
+    deployment: DeploymentQuery = None,
+    after: Annotated[int, Query(ge=0, le=2**31 - 1, description="Last decision id seen; 0 = none")] = 0,
+    timeout_s: Annotated[float, Query(ge=0, le=300)] = 30.0,
+) -> DecisionOut | Response:
+    config = deployment_for_decision(deployments, deployment)
+    decision = await hub.wait(config.name, after, timeout_s)
+    if decision is None:
+        return Response(status_code=204)
+    return decision_out(decision)
+
+
+@router.get("/{id}", name="get_decision", response_model=DecisionOut, responses=_ERRORS)
+def get_decision(
+    session: SessionDep, deployments: DeploymentsDep, _: Viewer, id: DecisionId, deployment: DeploymentQuery = None
+) -> DecisionOut:
+    config = deployment_for_decision(deployments, deployment)
+    return decision_out(store.get_decision_or_raise(session, config.name, id))
+
+
+@router.post(
+    "/{id}/complete",
+    name="complete_decision",
+    response_model=DecisionOut,
+    responses={**_ERRORS, 409: {"model": Problem, "description": "The decision is no longer pending"}},
+)
+def complete_decision(
+    request: Request,
+    session: SessionDep,
+    deployments: DeploymentsDep,
+    now: NowDep,
+    actor: Orchestrator,
+    id: DecisionId,
+    body: Annotated[CompleteIn, Body()],
+    deployment: DeploymentQuery = None,
+) -> DecisionOut:
+    config = deployment_for_decision(deployments, deployment)
+    observed = body.observed.model_dump(exclude_none=True) if body.observed else None
+    for role in observed or {}:
+        if role not in config.roles:
+            raise InvalidInputError(f"body.observed.{role}", f"a {config.mode} deployment has no {role} role")
+    metrics = request.app.state.metrics
+    try:
+        decision = store.complete_decision_or_raise(
+            session,
+            deployment=config.name,
+            decision_id=id,
+            status=DecisionStatus(body.status),
+            observed=observed,
+            message=body.message,
+            actor_role=actor.role,
+            now=now,
+        )
+    except Exception:
+        metrics.acks.labels(config.name, "rejected").inc()
+        raise
+    metrics.acks.labels(config.name, "accepted").inc()
+    metrics.pending.labels(config.name).set(0)
+    for role, count in (decision.observed or {}).items():
+        metrics.ready[role].labels(config.name).set(count)
+    return decision_out(decision)

@@ -1,0 +1,73 @@
+"""Configured deployments and their current state."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request
+
+from app.api.auth import Viewer
+from app.api.convert import decision_out, override_out
+from app.api.deps import DeploymentsDep, NowDep, SessionDep, deployment_or_raise
+from app.api.schemas import DeploymentOut, Problem, RoleSummary, WorkerState
+from app.config import DeploymentConfig
+from app.store import decisions as decision_store
+from app.store import overrides as override_store
+from sqlalchemy.orm import Session
+from datetime import datetime
+
+router = APIRouter(prefix="/deployments", tags=["deployments"])
+
+
+def _summary(request: Request, session: Session, config: DeploymentConfig, now: datetime) -> DeploymentOut:
+    latest = decision_store.latest_decision(session, config.name)
+    confirmed = decision_store.last_acknowledged(session, config.name)
+    active = override_store.list_overrides(session, deployment=config.name, include_inactive=False, now=now)
+    worker = request.app.state.workers[config.name]
+    return DeploymentOut(
+        name=config.name,
+        mode=config.mode,
+        connector=config.connector.type,
+        sla={"ttft_ms": config.sla.ttft_ms, "itl_ms": config.sla.itl_ms},
+        roles={
+            role: RoleSummary(
+                gpus_per_engine=config.role(role).gpus_per_engine,
+                min_replicas=config.role(role).min_replicas,
+                max_replicas=config.role(role).max_replicas,
+            )
+            for role in config.roles
+        },
+        ready=(confirmed.observed or decision_store.replicas_of(confirmed)) if confirmed else None,
+        desired=decision_store.replicas_of(latest) if latest else None,
+        last_decision=decision_out(latest) if latest else None,
+        active_overrides=[override_out(o, now) for o in active],
+        paused=any(o.action == "pause" for o in active),
+        worker=WorkerState(
+            running=worker.running,
+            leader=worker.is_leader,
+            interval_s=worker.interval_s,
+            last_tick_at=worker.last_tick_at,
+            last_error=worker.last_error,
+        ),
+    )
+
+
+@router.get("", name="list_deployments", response_model=list[DeploymentOut],
+            responses={401: {"model": Problem}, 403: {"model": Problem}})
+def list_deployments(
+    request: Request, session: SessionDep, deployments: DeploymentsDep, now: NowDep, _: Viewer
+) -> list[DeploymentOut]:
+    return [_summary(request, session, d, now) for d in deployments.deployments]
+
+
+@router.get("/{name}", name="get_deployment", response_model=DeploymentOut,
+            responses={401: {"model": Problem}, 403: {"model": Problem}, 404: {"model": Problem}})
+def get_deployment(
+    request: Request,
+    session: SessionDep,
+    deployments: DeploymentsDep,
+    now: NowDep,
+    _: Viewer,
+    name: Annotated[str, Path(max_length=63)],
+) -> DeploymentOut:
+    return _summary(request, session, deployment_or_raise(deployments, name, field="name"), now)

@@ -1,0 +1,176 @@
+"""Request and response bodies. Field names are part of the contract (product.md)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+NonNegative = Annotated[int, Field(ge=0, le=100_000)]
+_MAX_EXPIRY_S = 30 * 24 * 3600
+
+
+class _In(BaseModel):
+    # Unknown fields are an error: a misspelt `num_prefil` must not silently do nothing.
+    model_config = ConfigDict(extra="forbid")
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    errors: list[dict[str, Any]] | None = None
+
+
+class DecisionOut(BaseModel):
+    id: int
+    deployment: str
+    num_prefill: int | None
+    num_decode: int | None
+    num_workers: int | None
+    source: Literal["throughput", "load", "override"]
+    reasons: list[str]
+    created_at: datetime
+    status: Literal["pending", "succeeded", "failed", "superseded", "expired"]
+    status_reason: str | None
+    completed_at: datetime | None
+    observed: dict[str, int] | None
+    message: str | None
+    tick_id: int | None
+    override_id: int | None
+
+
+class DecisionPage(BaseModel):
+    items: list[DecisionOut]
+    next_cursor: int | None = Field(description="Pass as `cursor` for the next page; null at the end")
+
+
+class Observed(_In):
+    prefill: NonNegative | None = None
+    decode: NonNegative | None = None
+    workers: NonNegative | None = None
+
+
+class CompleteIn(_In):
+    status: Literal["succeeded", "failed"]
+    observed: Observed | None = None
+    message: str | None = Field(default=None, max_length=4000)
+
+
+class _OverrideIn(_In):
+    deployment: str = Field(min_length=1, max_length=63)
+    reason: str = Field(min_length=1, max_length=2000)
+    expires_in_s: float | None = Field(default=None, gt=0, le=_MAX_EXPIRY_S)
+
+
+class PinIn(_OverrideIn):
+    action: Literal["pin"]
+    num_prefill: NonNegative | None = None
+    num_decode: NonNegative | None = None
+    num_workers: NonNegative | None = None
+
+
+class BoundsIn(_OverrideIn):
+    action: Literal["bounds"]
+    min_prefill: NonNegative | None = None
+    max_prefill: NonNegative | None = None
+    min_decode: NonNegative | None = None
+    max_decode: NonNegative | None = None
+    min_workers: NonNegative | None = None
+    max_workers: NonNegative | None = None
+
+
+class PauseIn(_OverrideIn):
+    action: Literal["pause"]
+
+
+class ResumeIn(_OverrideIn):
+    action: Literal["resume"]
+
+
+OverrideIn = Annotated[PinIn | BoundsIn | PauseIn | ResumeIn, Field(discriminator="action")]
+
+
+class OverrideOut(BaseModel):
+    id: int
+    deployment: str
+    action: Literal["pin", "bounds", "pause", "resume"]
+    params: dict[str, int]
+    reason: str
+    created_at: datetime
+    created_by: str
+    expires_at: datetime | None
+    ended_at: datetime | None
+    ended_reason: str | None
+    active: bool
+
+
+class OverrideCreated(OverrideOut):
+    decision: DecisionOut | None = Field(description="The decision a pin created, if it created one")
+    decision_outcome: str | None = Field(description="Why a pin did or did not create a decision")
+
+
+class TickOut(BaseModel):
+    id: int
+    deployment: str
+    at: datetime
+    decision_id: int | None
+    record: dict[str, Any]
+
+
+class TickPage(BaseModel):
+    items: list[TickOut]
+    next_cursor: int | None
+
+
+class AuditOut(BaseModel):
+    id: int
+    at: datetime
+    actor_role: str
+    actor: str
+    action: str
+    deployment: str
+    details: dict[str, Any]
+
+
+class RoleSummary(BaseModel):
+    gpus_per_engine: int
+    min_replicas: int
+    max_replicas: int
+
+
+class WorkerState(BaseModel):
+    running: bool
+    leader: bool
+    interval_s: float
+    last_tick_at: datetime | None
+    last_error: str | None
+
+
+class DeploymentOut(BaseModel):
+    name: str
+    mode: Literal["disagg", "agg", "prefill", "decode"]
+    connector: str
+    sla: dict[str, float]
+    roles: dict[str, RoleSummary]
+    ready: dict[str, int] | None = Field(description="Replicas the orchestrator last reported running")
+    desired: dict[str, int] | None = Field(description="Replicas of the latest decision")
+    last_decision: DecisionOut | None
+    active_overrides: list[OverrideOut]
+    paused: bool
+    worker: WorkerState
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    ready: bool
+    database: str
+    deployments: dict[str, list[str]] = Field(description="Per deployment, what keeps it from being ready")

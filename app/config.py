@@ -1,0 +1,253 @@
+"""Service settings (environment) and the deployments file (YAML), both validated at start-up.
+
+Settings come from `PLANNER_*` variables; the deployments file lists what the planner manages.
+A bad value stops start-up with one message that names the field (`ConfigError`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.core.types import Mode, Role, roles_for_mode
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ConfigError(Exception):
+    """A setting or the deployments file is invalid; the message names the field."""
+
+
+# --- deployments file -------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    # A typo in the YAML must be an error, not a silently ignored key.
+    model_config = ConfigDict(extra="forbid")
+
+
+class SlaTargets(_Strict):
+    ttft_ms: float = Field(gt=0)
+    itl_ms: float = Field(gt=0)
+
+
+class RoleConfig(_Strict):
+    gpus_per_engine: int = Field(default=1, ge=1)
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=100, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    max_kv_tokens: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _min_not_above_max(self) -> RoleConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})")
+        return self
+
+
+class VirtualConnectorConfig(_Strict):
+    type: Literal["virtual"]
+    ack_timeout_s: float = Field(default=1800.0, gt=0)
+
+
+class NoneConnectorConfig(_Strict):
+    """Advisory (shadow) mode: decide, persist and export, actuate nothing."""
+
+    type: Literal["none"]
+    ack_timeout_s: float = Field(default=1800.0, gt=0)
+
+
+ConnectorConfig = Annotated[VirtualConnectorConfig | NoneConnectorConfig, Field(discriminator="type")]
+
+
+class PredictorConfig(_Strict):
+    type: Literal["constant", "arima", "kalman", "prophet"] = "constant"
+    params: dict[str, float | int | bool | str] = Field(default_factory=dict)
+
+
+class ThroughputConfig(_Strict):
+    enabled: bool = True
+    interval_s: float = Field(default=180.0, gt=0)
+    predictor: PredictorConfig = Field(default_factory=PredictorConfig)
+    correction: bool = True
+    warmup_trace: str | None = None
+
+
+class LoadConfig(_Strict):
+    enabled: bool = False
+    interval_s: float = Field(default=5.0, gt=0)
+    sensitivity: float = Field(default=0.8, gt=0, le=1)
+    min_observations: int = Field(default=5, ge=1)
+    window: int = Field(default=200, ge=1)
+
+
+class PrometheusSource(_Strict):
+    url: str
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class SourcesConfig(_Strict):
+    prometheus: PrometheusSource | None = None
+    frontend_url: str | None = None
+    fpm_endpoints: list[str] = Field(default_factory=list)
+
+
+class DeploymentConfig(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+    mode: Mode = "disagg"
+    connector: ConnectorConfig
+    sla: SlaTargets
+    profile: str | None = None
+    model_name: str | None = None
+    prefill: RoleConfig = Field(default_factory=RoleConfig)
+    decode: RoleConfig = Field(default_factory=RoleConfig)
+    workers: RoleConfig = Field(default_factory=RoleConfig)
+    gpu_budget: int | None = Field(default=None, ge=1)
+    throughput: ThroughputConfig = Field(default_factory=ThroughputConfig)
+    load: LoadConfig = Field(default_factory=LoadConfig)
+    sources: SourcesConfig = Field(default_factory=SourcesConfig)
+
+    @property
+    def roles(self) -> tuple[Role, ...]:
+        return roles_for_mode(self.mode)
+
+    def role(self, role: Role) -> RoleConfig:
+        return getattr(self, role)
+
+    @property
+    def tick_interval_s(self) -> float:
+        """The worker ticks at the fastest enabled cadence (the throughput interval if none is)."""
+        intervals = [c.interval_s for c in (self.throughput, self.load) if c.enabled]
+        return min(intervals) if intervals else self.throughput.interval_s
+
+
+class DeploymentsFile(_Strict):
+    deployments: list[DeploymentConfig] = Field(min_length=1)
+
+    @field_validator("deployments")
+    @classmethod
+    def _unique_names(cls, deployments: list[DeploymentConfig]) -> list[DeploymentConfig]:
+        seen: set[str] = set()
+        for d in deployments:
+            if d.name in seen:
+                raise ValueError(f"deployment name {d.name!r} appears twice")
+            seen.add(d.name)
+        return deployments
+
+    def get(self, name: str) -> DeploymentConfig | None:
+        return next((d for d in self.deployments if d.name == name), None)
+
+
+def _format_validation_error(source: str, err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in first["loc"]).replace(".[", "[")
+    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{source}: {loc or '<root>'}: {first['msg']}{more}"
+
+
+def load_deployments(path: str | Path) -> DeploymentsFile:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: deployments file not found (set PLANNER_CONFIG)") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping with a 'deployments' list")
+    try:
+        return DeploymentsFile.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(str(path), exc)) from None
+
+
+# --- service settings -------------------------------------------------------------------------
+
+ApiRole = Literal["viewer", "orchestrator", "operator"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PLANNER_", extra="ignore")
+
+    database_url: str = "sqlite:///planner.db"
+    config: str = str(REPO_ROOT / "examples" / "planner.yaml")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    api_tokens: str = ""
+    api_tokens_file: str | None = None
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"] = "INFO"
+    apply_migrations: bool = True
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_driver(cls, url: str) -> str:
+        # Plain postgresql:// means psycopg 3 here (the only PostgreSQL driver we install).
+        for prefix in ("postgresql://", "postgres://"):
+            if url.startswith(prefix):
+                return "postgresql+psycopg://" + url[len(prefix) :]
+        if not (url.startswith("sqlite") or url.startswith("postgresql+psycopg://")):
+            raise ValueError("must start with sqlite:/// or postgresql://")
+        return url
+
+    def tokens(self) -> dict[str, ApiRole]:
+        """token → role, from PLANNER_API_TOKENS (`role:token,...`) and PLANNER_API_TOKENS_FILE."""
+        entries = [e for e in self.api_tokens.split(",") if e.strip()]
+        source = "PLANNER_API_TOKENS"
+        if self.api_tokens_file:
+            try:
+                text = Path(self.api_tokens_file).read_text()
+            except OSError as exc:
+                raise ConfigError(f"PLANNER_API_TOKENS_FILE: cannot read {self.api_tokens_file}: {exc}") from None
+            entries += [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+            source = "PLANNER_API_TOKENS / PLANNER_API_TOKENS_FILE"
+        tokens: dict[str, ApiRole] = {}
+        for entry in entries:
+            role, sep, token = entry.strip().partition(":")
+            if not sep or not token:
+                raise ConfigError(f"{source}: entry {role!r} is not 'role:token'")
+            if role not in ("viewer", "orchestrator", "operator"):
+                raise ConfigError(f"{source}: role {role!r} is not one of viewer, orchestrator, operator")
+            if len(token) < 8:
+                raise ConfigError(f"{source}: the {role} token is shorter than 8 characters")
+            tokens[token] = role  # type: ignore[assignment]
+        return tokens
+
+    def is_loopback_host(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+    def check_auth_exposure(self) -> None:
+        """Without tokens the API is open, so it may only listen on loopback."""
+        if not self.tokens():
+            if not self.is_loopback_host():
+                raise ConfigError(
+                    f"PLANNER_HOST: refusing to listen on {self.host} without API tokens; "
+                    "set PLANNER_API_TOKENS (role:token,...) or listen on 127.0.0.1"
+                )
+            log.warning(
+                "no API tokens configured: the API is open to every local process, listening on %s only",
+                self.host,
+            )
+
+
+def load_settings() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = "PLANNER_" + str(first["loc"][0]).upper() if first["loc"] else "PLANNER_*"
+        raise ConfigError(f"{field}: {first['msg']}") from None

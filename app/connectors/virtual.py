@@ -1,0 +1,182 @@
+"""The virtual connector: decisions live in SQL; orchestrators long-poll for them.
+
+`DecisionHub` holds the long-poll waiters of this process. A writer in this process publishes
+the new decision after its commit; on PostgreSQL, `PgDecisionListener` also LISTENs for the
+NOTIFY every writer sends inside its transaction, so a decision stored by another planner
+process wakes the waiters here too. Waking never needs a query per waiter: the hub caches the
+newest decision per deployment and every waiter of that deployment reads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+
+import psycopg
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.metrics import PlannerMetrics
+from app.store.decisions import (
+    NOTIFY_CHANNEL,
+    get_decision_or_raise,
+    latest_decision,
+    latest_decision_after,
+    replicas_of,
+)
+from app.store.models import Decision
+
+log = logging.getLogger(__name__)
+
+
+class DecisionHub:
+    def __init__(self, session_factory: sessionmaker[Session], metrics: PlannerMetrics) -> None:
+        self._sf = session_factory
+        self._metrics = metrics
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._latest: dict[str, Decision] = {}
+        self._events: dict[str, asyncio.Event] = {}
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def _event(self, deployment: str) -> asyncio.Event:
+        event = self._events.get(deployment)
+        if event is None:
+            event = self._events[deployment] = asyncio.Event()
+        return event
+
+    def publish(self, decision: Decision) -> None:
+        """On the event loop: remember the decision and wake this deployment's waiters."""
+        cached = self._latest.get(decision.deployment)
+        if cached is not None and cached.decision_id >= decision.decision_id:
+            return  # already seen (our own write, echoed back by NOTIFY)
+        self._latest[decision.deployment] = decision
+        old = self._events.pop(decision.deployment, None)
+        if old is not None:
+            old.set()
+
+    def announce(self, decision: Decision) -> None:
+        """From a writer's thread, after its commit: log, export and wake the waiters."""
+        log.info(
+            "[%s] decision %d (%s): %s; %s",
+            decision.deployment,
+            decision.decision_id,
+            decision.source,
+            " ".join(f"{role}={n}" for role, n in replicas_of(decision).items()),
+            " | ".join(decision.reasons),
+        )
+        self._metrics.decisions.labels(decision.deployment, decision.source).inc()
+        self._metrics.observe_decision(decision.deployment, replicas_of(decision), decision.status)
+        self.publish_threadsafe(decision)
+
+    def publish_threadsafe(self, decision: Decision) -> None:
+        if self._loop is None or self._loop.is_closed():
+            return
+        self._loop.call_soon_threadsafe(self.publish, decision)
+
+    async def wait(self, deployment: str, after: int, timeout_s: float) -> Decision | None:
+        """The latest decision with id > `after`, at once or as soon as one is stored; None at
+        the timeout."""
+        # Take the event before querying: a decision committed between the query and the
+        # wait still sets this very event, so it cannot slip through.
+        event = self._event(deployment)
+        found = await asyncio.to_thread(self._query_after, deployment, after)
+        if found is not None:
+            return found
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        self._metrics.waiters.inc()
+        try:
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return None
+                try:
+                    await asyncio.wait_for(event.wait(), remaining)
+                except TimeoutError:
+                    return None
+                cached = self._latest.get(deployment)
+                if cached is not None and cached.decision_id > after:
+                    return cached
+                event = self._event(deployment)
+        finally:
+            self._metrics.waiters.dec()
+
+    def _query_after(self, deployment: str, after: int) -> Decision | None:
+        with self._sf() as session:
+            return latest_decision_after(session, deployment, after)
+
+    def refresh(self, deployments: list[str]) -> None:
+        """From any thread: publish the newest stored decision of each deployment (after a
+        reconnect, notifications may have been missed)."""
+        with self._sf() as session:
+            for name in deployments:
+                decision = latest_decision(session, name)
+                if decision is not None:
+                    self.publish_threadsafe(decision)
+
+
+class PgDecisionListener:
+    """A thread holding one LISTEN connection; reconnects with backoff and reports its state."""
+
+    def __init__(
+        self,
+        url: str,
+        hub: DecisionHub,
+        session_factory: sessionmaker[Session],
+        deployments: list[str],
+        metrics: PlannerMetrics,
+    ) -> None:
+        self._conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self._hub = hub
+        self._sf = session_factory
+        self._deployments = deployments
+        self._metrics = metrics
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pg-decision-listener", daemon=True)
+        self.connected = threading.Event()
+        self.last_error: str | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        backoff_s = 0.5
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self._conninfo, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    self.connected.set()
+                    self._metrics.notify_connected.set(1)
+                    self.last_error = None
+                    backoff_s = 0.5
+                    self._hub.refresh(self._deployments)
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=1.0):
+                            self._deliver(note.payload)
+            except Exception as exc:  # reconnect on anything; the state is visible in /readyz
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("decision listener lost its connection (%s); retrying in %.1f s", exc, backoff_s)
+            finally:
+                self.connected.clear()
+                self._metrics.notify_connected.set(0)
+            self._stop.wait(backoff_s)
+            backoff_s = min(backoff_s * 2, 10.0)
+
+    def _deliver(self, payload: str) -> None:
+        try:
+            note = json.loads(payload)
+            deployment, decision_id = str(note["deployment"]), int(note["id"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring malformed notification %r", payload)
+            return
+        with self._sf() as session:
+            decision = get_decision_or_raise(session, deployment, decision_id)
+        self._hub.publish_threadsafe(decision)

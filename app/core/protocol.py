@@ -1,0 +1,68 @@
+"""The decision protocol of Dynamo's virtual connector, as pure rules.
+
+- While the latest decision is unacknowledged, no new automatic decision is issued, until
+  `ack_timeout_s` has passed; then the old one is expired and the new one proceeds.
+- An operator override supersedes an unacknowledged decision at once.
+- A target equal to the one in force (pending or succeeded) creates nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from app.core.types import DecisionSource, DecisionStatus, DecisionView, Replicas
+
+
+class Verdict(StrEnum):
+    CREATE = "create"
+    UNCHANGED = "unchanged"
+    AWAITING_ACK = "awaiting_ack"
+
+
+@dataclass(frozen=True)
+class ProtocolOutcome:
+    verdict: Verdict
+    reason: str
+    # The latest decision's new status when the new one replaces it (superseded or expired).
+    retire_latest_as: DecisionStatus | None = None
+
+
+def ack_overdue(latest: DecisionView | None, now: datetime, ack_timeout_s: float) -> bool:
+    return (
+        latest is not None
+        and latest.status == DecisionStatus.PENDING
+        and (now - latest.created_at).total_seconds() >= ack_timeout_s
+    )
+
+
+def judge(
+    *,
+    latest: DecisionView | None,
+    target: Replicas,
+    source: DecisionSource,
+    now: datetime,
+    ack_timeout_s: float,
+) -> ProtocolOutcome:
+    in_force = latest is not None and latest.status in (DecisionStatus.PENDING, DecisionStatus.SUCCEEDED)
+    if in_force and latest.replicas == target:  # type: ignore[union-attr]
+        return ProtocolOutcome(Verdict.UNCHANGED, f"target equals decision {latest.id} ({latest.status})")  # type: ignore[union-attr]
+
+    if latest is None or latest.status != DecisionStatus.PENDING:
+        return ProtocolOutcome(Verdict.CREATE, "no decision awaits acknowledgement")
+    if source == DecisionSource.OVERRIDE:
+        return ProtocolOutcome(
+            Verdict.CREATE, f"override supersedes unacknowledged decision {latest.id}", DecisionStatus.SUPERSEDED
+        )
+    if ack_overdue(latest, now, ack_timeout_s):
+        return ProtocolOutcome(
+            Verdict.CREATE,
+            f"decision {latest.id} unacknowledged for over {ack_timeout_s:g} s: expired",
+            DecisionStatus.EXPIRED,
+        )
+    age_s = (now - latest.created_at).total_seconds()
+    return ProtocolOutcome(
+        Verdict.AWAITING_ACK,
+        f"decision {latest.id} unacknowledged for {age_s:.0f} s (timeout {ack_timeout_s:g} s)",
+    )

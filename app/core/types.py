@@ -1,0 +1,125 @@
+"""Boundary types of the decision core. Units are in the names; times are aware UTC datetimes.
+
+Everything here is plain data: the worker loop builds a `TickSnapshot`, the core returns a
+`TickResult`, the store persists both. Nothing in `app/core` reads the clock or does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+Mode = Literal["disagg", "agg", "prefill", "decode"]
+Role = Literal["prefill", "decode", "workers"]
+ALL_ROLES: tuple[Role, ...] = ("prefill", "decode", "workers")
+
+_ROLES_BY_MODE: dict[str, tuple[Role, ...]] = {
+    "disagg": ("prefill", "decode"),
+    "agg": ("workers",),
+    "prefill": ("prefill",),
+    "decode": ("decode",),
+}
+
+
+def roles_for_mode(mode: str) -> tuple[Role, ...]:
+    return _ROLES_BY_MODE[mode]
+
+
+# A replica target names every role of the deployment's mode: {"prefill": 3, "decode": 5}.
+Replicas = dict[Role, int]
+
+
+class DecisionSource(StrEnum):
+    THROUGHPUT = "throughput"
+    LOAD = "load"
+    OVERRIDE = "override"
+
+
+class DecisionStatus(StrEnum):
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SUPERSEDED = "superseded"
+    EXPIRED = "expired"
+
+
+class OverrideAction(StrEnum):
+    PIN = "pin"
+    BOUNDS = "bounds"
+    PAUSE = "pause"
+    RESUME = "resume"
+
+
+@dataclass(frozen=True)
+class RoleBounds:
+    min_replicas: int
+    max_replicas: int
+
+
+@dataclass(frozen=True)
+class ActiveOverrides:
+    """The overrides in force for one deployment at `now` (expired ones already left out)."""
+
+    pin_id: int | None = None
+    pin: Replicas | None = None
+    bounds_id: int | None = None
+    # Only the fields the operator set: {"prefill": {"min": 2}, "decode": {"max": 8}}.
+    bounds: dict[Role, dict[str, int]] = field(default_factory=dict)
+    pause_id: int | None = None
+
+    @property
+    def paused(self) -> bool:
+        return self.pause_id is not None
+
+
+@dataclass(frozen=True)
+class DecisionView:
+    """What the protocol needs to know about the latest decision of a deployment."""
+
+    id: int
+    replicas: Replicas
+    source: DecisionSource
+    status: DecisionStatus
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class TickSnapshot:
+    """Everything one tick may look at. Scaling algorithms will add observations here."""
+
+    deployment: str
+    roles: tuple[Role, ...]
+    config_bounds: dict[Role, RoleBounds]
+    overrides: ActiveOverrides
+    latest_decision: DecisionView | None
+    # What the algorithms proposed, before overrides and bounds; None = no opinion.
+    proposal: Replicas | None = None
+    proposal_source: DecisionSource | None = None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of the normalisation chain and why it did what it did."""
+
+    name: str
+    replicas: Replicas | None
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"stage": self.name, "replicas": self.replicas, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """The core's answer for one tick: a target (or no opinion) with its reasons."""
+
+    target: Replicas | None
+    source: DecisionSource | None
+    stages: tuple[Stage, ...]
+    diagnostics: dict[str, Any]
+
+    @property
+    def reasons(self) -> list[str]:
+        return [f"{s.name}: {s.reason}" for s in self.stages]

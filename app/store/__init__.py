@@ -1,0 +1,1 @@
+"""Persistence: decisions and their acknowledgements, tick diagnostics, overrides, audit log."""

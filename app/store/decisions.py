@@ -1,0 +1,251 @@
+"""Decisions and their acknowledgements.
+
+Every write to a deployment's decisions starts by bumping its `deployment_state` row, which
+serialises read-judge-insert per deployment on both backends (row lock on PostgreSQL, the write
+lock on SQLite). Decision ids come from that row, so they are strictly increasing, never reused,
+and survive restarts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import insert, select, text, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.core.errors import ConflictError, NotFoundError
+from app.core.protocol import ProtocolOutcome, Verdict, ack_overdue, judge
+from app.core.types import DecisionSource, DecisionStatus, DecisionView, Replicas, Role
+from app.store.models import Decision, DecisionAck, DeploymentState
+
+NOTIFY_CHANNEL = "planner_decisions"
+
+_ROLE_COLUMNS: dict[Role, str] = {"prefill": "num_prefill", "decode": "num_decode", "workers": "num_workers"}
+
+
+def replicas_of(decision: Decision) -> Replicas:
+    return {
+        role: getattr(decision, col) for role, col in _ROLE_COLUMNS.items() if getattr(decision, col) is not None
+    }
+
+
+def view_of(decision: Decision) -> DecisionView:
+    return DecisionView(
+        id=decision.decision_id,
+        replicas=replicas_of(decision),
+        source=DecisionSource(decision.source),
+        status=DecisionStatus(decision.status),
+        created_at=decision.created_at,
+    )
+
+
+def ensure_deployments(session: Session, names: list[str]) -> None:
+    """Create the state row of every configured deployment (existing rows are kept)."""
+    existing = set(session.scalars(select(DeploymentState.name).where(DeploymentState.name.in_(names))))
+    for name in names:
+        if name in existing:
+            continue
+        try:
+            with session.begin_nested():
+                session.add(DeploymentState(name=name, last_decision_id=0, write_seq=0))
+        except IntegrityError:
+            pass  # another process created it first
+
+
+def lock_deployment(session: Session, deployment: str) -> None:
+    result = session.execute(
+        update(DeploymentState)
+        .where(DeploymentState.name == deployment)
+        .values(write_seq=DeploymentState.write_seq + 1)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        raise NotFoundError(f"deployment {deployment!r} has no state row", field="deployment")
+
+
+def latest_decision(session: Session, deployment: str) -> Decision | None:
+    return session.scalars(
+        select(Decision).where(Decision.deployment == deployment).order_by(Decision.decision_id.desc()).limit(1)
+    ).first()
+
+
+def latest_decision_after(session: Session, deployment: str, after: int) -> Decision | None:
+    latest = latest_decision(session, deployment)
+    return latest if latest is not None and latest.decision_id > after else None
+
+
+def get_decision_or_raise(session: Session, deployment: str, decision_id: int) -> Decision:
+    decision = session.scalars(
+        select(Decision).where(Decision.deployment == deployment, Decision.decision_id == decision_id)
+    ).first()
+    if decision is None:
+        raise NotFoundError(f"deployment {deployment!r} has no decision {decision_id}", field="id")
+    return decision
+
+
+def list_decisions(
+    session: Session,
+    *,
+    deployment: str | None = None,
+    after: int | None = None,
+    status: DecisionStatus | None = None,
+    cursor: int | None = None,
+    limit: int = 100,
+) -> list[Decision]:
+    query = select(Decision).order_by(Decision.pk).limit(limit)
+    if deployment is not None:
+        query = query.where(Decision.deployment == deployment)
+    if after is not None:
+        query = query.where(Decision.decision_id > after)
+    if status is not None:
+        query = query.where(Decision.status == str(status))
+    if cursor is not None:
+        query = query.where(Decision.pk > cursor)
+    return list(session.scalars(query))
+
+
+@dataclass(frozen=True)
+class ProposalResult:
+    outcome: ProtocolOutcome
+    decision: Decision | None  # the new decision, when one was created
+    retired: Decision | None  # the decision it superseded or expired, if any
+
+
+def _notify(session: Session, deployment: str, decision_id: int) -> None:
+    # Delivered on commit, to every planner process LISTENing on the same database.
+    if session.get_bind().dialect.name == "postgresql":
+        payload = json.dumps({"deployment": deployment, "id": decision_id})
+        session.execute(text("SELECT pg_notify(:c, :p)"), {"c": NOTIFY_CHANNEL, "p": payload})
+
+
+def propose_decision(
+    session: Session,
+    *,
+    deployment: str,
+    target: Replicas,
+    source: DecisionSource,
+    reasons: list[str],
+    now: datetime,
+    ack_timeout_s: float,
+    await_ack: bool = True,
+    tick_id: int | None = None,
+    override_id: int | None = None,
+) -> ProposalResult:
+    """Apply the decision protocol to a new target; the caller commits."""
+    lock_deployment(session, deployment)
+    latest = latest_decision(session, deployment)
+    latest_view = view_of(latest) if latest is not None else None
+    # Nobody acknowledges in advisory mode, so a pending decision never holds the next one.
+    effective_source = source if await_ack else DecisionSource.OVERRIDE
+    outcome = judge(
+        latest=latest_view, target=target, source=effective_source, now=now, ack_timeout_s=ack_timeout_s
+    )
+    if outcome.verdict != Verdict.CREATE:
+        return ProposalResult(outcome, None, None)
+
+    if outcome.retire_latest_as is not None and latest is not None:
+        latest.status = str(outcome.retire_latest_as)
+        latest.status_reason = outcome.reason
+    state = session.get(DeploymentState, deployment)
+    assert state is not None  # lock_deployment proved the row exists
+    state.last_decision_id += 1
+    decision = Decision(
+        deployment=deployment,
+        decision_id=state.last_decision_id,
+        num_prefill=target.get("prefill"),
+        num_decode=target.get("decode"),
+        num_workers=target.get("workers"),
+        source=str(source),
+        reasons=[*reasons, f"protocol: {outcome.reason}"],
+        created_at=now,
+        status=str(DecisionStatus.PENDING),
+        tick_id=tick_id,
+        override_id=override_id,
+    )
+    session.add(decision)
+    session.flush()
+    _notify(session, deployment, decision.decision_id)
+    return ProposalResult(outcome, decision, latest if outcome.retire_latest_as else None)
+
+
+def expire_overdue(session: Session, *, deployment: str, now: datetime, ack_timeout_s: float) -> Decision | None:
+    """Mark the latest decision expired if it has waited for its acknowledgement too long."""
+    latest = latest_decision(session, deployment)
+    if latest is None or not ack_overdue(view_of(latest), now, ack_timeout_s):
+        return None
+    lock_deployment(session, deployment)
+    session.refresh(latest)
+    if latest.status != DecisionStatus.PENDING:
+        return None
+    latest.status = str(DecisionStatus.EXPIRED)
+    latest.status_reason = f"no acknowledgement within {ack_timeout_s:g} s"
+    return latest
+
+
+@dataclass(frozen=True)
+class CompletionResult:
+    decision: Decision
+    outcome: str  # applied | repeated | conflict
+    detail: str
+
+
+def complete_decision(
+    session: Session,
+    *,
+    deployment: str,
+    decision_id: int,
+    status: DecisionStatus,
+    observed: dict[str, int] | None,
+    message: str | None,
+    actor_role: str,
+    now: datetime,
+) -> CompletionResult:
+    """Record an acknowledgement. Only a pending decision changes status; repeating the same
+    acknowledgement is harmless; every acknowledgement is kept, even one that conflicts."""
+    lock_deployment(session, deployment)
+    decision = get_decision_or_raise(session, deployment, decision_id)
+    if decision.status == DecisionStatus.PENDING:
+        decision.status = str(status)
+        decision.completed_at = now
+        decision.observed = observed
+        decision.message = message
+        outcome, detail = "applied", f"decision {decision_id} {status}"
+    elif decision.status == status:
+        outcome, detail = "repeated", f"decision {decision_id} was already {status}"
+    else:
+        outcome = "conflict"
+        why = f" ({decision.status_reason})" if decision.status_reason else ""
+        detail = f"decision {decision_id} is {decision.status}{why}; it cannot become {status}"
+    session.execute(
+        insert(DecisionAck).values(
+            decision_pk=decision.pk,
+            received_at=now,
+            status=str(status),
+            observed=observed,
+            message=message,
+            actor_role=actor_role,
+            outcome=outcome,
+        )
+    )
+    return CompletionResult(decision, outcome, detail)
+
+
+def complete_decision_or_raise(session: Session, **kwargs) -> Decision:  # type: ignore[no-untyped-def]
+    """`complete_decision`, committing the acknowledgement even when it conflicts."""
+    result = complete_decision(session, **kwargs)
+    session.commit()
+    if result.outcome == "conflict":
+        raise ConflictError(result.detail)
+    return result.decision
+
+
+def last_acknowledged(session: Session, deployment: str) -> Decision | None:
+    """The latest decision an orchestrator confirmed, for the 'ready replicas' view."""
+    return session.scalars(
+        select(Decision)
+        .where(Decision.deployment == deployment, Decision.status == str(DecisionStatus.SUCCEEDED))
+        .order_by(Decision.decision_id.desc())
+        .limit(1)
+    ).first()

@@ -1,0 +1,79 @@
+"""Per-tick diagnostics records and the per-deployment worker lease."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.orm import Session
+
+from app.store.models import DeploymentState, Tick
+
+
+def add_tick(session: Session, *, deployment: str, at: datetime, record: dict[str, Any]) -> Tick:
+    tick = Tick(deployment=deployment, at=at, record=record)
+    session.add(tick)
+    session.flush()
+    return tick
+
+
+def list_ticks(
+    session: Session,
+    *,
+    deployment: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    cursor: int | None,
+    limit: int,
+) -> list[Tick]:
+    query = select(Tick).order_by(Tick.id).limit(limit)
+    if deployment is not None:
+        query = query.where(Tick.deployment == deployment)
+    if since is not None:
+        query = query.where(Tick.at >= since)
+    if until is not None:
+        query = query.where(Tick.at < until)
+    if cursor is not None:
+        query = query.where(Tick.id > cursor)
+    return list(session.scalars(query))
+
+
+def last_tick(session: Session, deployment: str) -> Tick | None:
+    return session.scalars(
+        select(Tick).where(Tick.deployment == deployment).order_by(Tick.id.desc()).limit(1)
+    ).first()
+
+
+def acquire_lease(session: Session, *, deployment: str, holder: str, now: datetime, ttl_s: float) -> bool:
+    """Take or renew the right to run this deployment's worker loop; the caller commits.
+
+    Several planner processes may share one database; only the lease holder ticks, so a
+    deployment gets one diagnostics record per tick, not one per process.
+    """
+    result = session.execute(
+        update(DeploymentState)
+        .where(
+            DeploymentState.name == deployment,
+            or_(
+                DeploymentState.lease_holder.is_(None),
+                DeploymentState.lease_holder == holder,
+                DeploymentState.lease_expires_at < now,
+            ),
+        )
+        .values(lease_holder=holder, lease_expires_at=now + timedelta(seconds=ttl_s))
+    )
+    return result.rowcount == 1  # type: ignore[attr-defined]
+
+
+def release_lease(session: Session, *, deployment: str, holder: str) -> None:
+    session.execute(
+        update(DeploymentState)
+        .where(DeploymentState.name == deployment, DeploymentState.lease_holder == holder)
+        .values(lease_holder=None, lease_expires_at=None)
+    )
+
+
+def lease_holder(session: Session, deployment: str) -> str | None:
+    state = session.get(DeploymentState, deployment)
+    return state.lease_holder if state else None
