@@ -46,8 +46,9 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         upgrade(settings.database_url)
     app = create_app(settings, deployments=deployments)
     log.info("listening on http://%s:%d", settings.host, settings.port)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                access_log=False)
+    uvicorn.run(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), access_log=False
+    )
     return 0
 
 

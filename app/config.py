@@ -49,7 +49,9 @@ class RoleConfig(_Strict):
     @model_validator(mode="after")
     def _min_not_above_max(self) -> RoleConfig:
         if self.min_replicas > self.max_replicas:
-            raise ValueError(f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})")
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})"
+            )
         return self
 
 
@@ -207,7 +209,9 @@ class Settings(BaseSettings):
             try:
                 text = Path(self.api_tokens_file).read_text()
             except OSError as exc:
-                raise ConfigError(f"PLANNER_API_TOKENS_FILE: cannot read {self.api_tokens_file}: {exc}") from None
+                raise ConfigError(
+                    f"PLANNER_API_TOKENS_FILE: cannot read {self.api_tokens_file}: {exc}"
+                ) from None
             entries += [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
             source = "PLANNER_API_TOKENS / PLANNER_API_TOKENS_FILE"
         tokens: dict[str, ApiRole] = {}

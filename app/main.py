@@ -57,8 +57,12 @@ def create_app(
         holder = process_identity()
         workers = {
             d.name: DeploymentWorker(
-                config=d, session_factory=session_factory, hub=hub, metrics=metrics,
-                clock=app.state.clock, holder=holder,
+                config=d,
+                session_factory=session_factory,
+                hub=hub,
+                metrics=metrics,
+                clock=app.state.clock,
+                holder=holder,
             )
             for d in deployments.deployments
         }

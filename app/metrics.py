@@ -23,16 +23,22 @@ class PlannerMetrics:
         }
         self.ready = {
             "prefill": Gauge(
-                "dynamo_planner_num_prefill_replicas", "Prefill replicas last confirmed by the orchestrator",
-                ["deployment"], registry=r,
+                "dynamo_planner_num_prefill_replicas",
+                "Prefill replicas last confirmed by the orchestrator",
+                ["deployment"],
+                registry=r,
             ),
             "decode": Gauge(
-                "dynamo_planner_num_decode_replicas", "Decode replicas last confirmed by the orchestrator",
-                ["deployment"], registry=r,
+                "dynamo_planner_num_decode_replicas",
+                "Decode replicas last confirmed by the orchestrator",
+                ["deployment"],
+                registry=r,
             ),
             "workers": Gauge(
-                "dynamo_planner_num_workers_replicas", "Aggregated workers last confirmed by the orchestrator",
-                ["deployment"], registry=r,
+                "dynamo_planner_num_workers_replicas",
+                "Aggregated workers last confirmed by the orchestrator",
+                ["deployment"],
+                registry=r,
             ),
         }
         self.decisions = Counter(
@@ -46,16 +52,21 @@ class PlannerMetrics:
             "dynamo_planner_tick_failures", "Worker ticks that raised", ["deployment"], registry=r
         )
         self.pending = Gauge(
-            "dynamo_planner_pending_decision", "1 while the latest decision awaits acknowledgement",
-            ["deployment"], registry=r,
+            "dynamo_planner_pending_decision",
+            "1 while the latest decision awaits acknowledgement",
+            ["deployment"],
+            registry=r,
         )
-        self.paused = Gauge("dynamo_planner_paused", "1 while automatic scaling is paused", ["deployment"], registry=r)
+        self.paused = Gauge(
+            "dynamo_planner_paused", "1 while automatic scaling is paused", ["deployment"], registry=r
+        )
         self.waiters = Gauge(
             "dynamo_planner_decision_waiters", "Requests held in GET /decisions/wait", registry=r
         )
         self.notify_connected = Gauge(
             "dynamo_planner_notify_listener_up",
-            "1 while the PostgreSQL LISTEN connection for cross-process wake-ups is up", registry=r,
+            "1 while the PostgreSQL LISTEN connection for cross-process wake-ups is up",
+            registry=r,
         )
 
     def observe_decision(self, deployment: str, replicas: dict[str, int], status: str) -> None:

@@ -17,9 +17,10 @@ target_metadata = Base.metadata
 def _url() -> str:
     from app.config import Settings
 
-    return config.get_main_option("sqlalchemy.url") or Settings(
-        database_url=os.environ.get("PLANNER_DATABASE_URL", Settings().database_url)
-    ).database_url
+    return (
+        config.get_main_option("sqlalchemy.url")
+        or Settings(database_url=os.environ.get("PLANNER_DATABASE_URL", Settings().database_url)).database_url
+    )
 
 
 def run_migrations_offline() -> None:

@@ -18,7 +18,9 @@ from app.store.overrides import Actor
 ROLE_RANK = {"viewer": 1, "orchestrator": 2, "operator": 3}
 _LOOPBACK_CLIENTS = {"127.0.0.1", "::1", "localhost", "testclient"}
 
-_bearer = HTTPBearer(auto_error=False, description="`Authorization: Bearer <token>`; tokens come from PLANNER_API_TOKENS")
+_bearer = HTTPBearer(
+    auto_error=False, description="`Authorization: Bearer <token>`; tokens come from PLANNER_API_TOKENS"
+)
 
 
 def fingerprint(token: str) -> str:
@@ -37,7 +39,9 @@ def require(min_role: str) -> Callable[..., Actor]:
             return Actor(role="operator", name="loopback")
         if credentials is None:
             raise HTTPException(
-                401, "missing bearer token (Authorization: Bearer <token>)", headers={"WWW-Authenticate": "Bearer"}
+                401,
+                "missing bearer token (Authorization: Bearer <token>)",
+                headers={"WWW-Authenticate": "Bearer"},
             )
         role = tokens.get(credentials.credentials)
         if role is None:

@@ -51,6 +51,11 @@ def tick_out(t: Tick) -> TickOut:
 
 def audit_out(a: AuditEntry) -> AuditOut:
     return AuditOut(
-        id=a.id, at=a.at, actor_role=a.actor_role, actor=a.actor, action=a.action,
-        deployment=a.deployment, details=a.details,
+        id=a.id,
+        at=a.at,
+        actor_role=a.actor_role,
+        actor=a.actor,
+        action=a.action,
+        deployment=a.deployment,
+        details=a.details,
     )

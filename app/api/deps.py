@@ -37,7 +37,9 @@ DeploymentsDep = Annotated[DeploymentsFile, Depends(get_deployments)]
 HubDep = Annotated[DecisionHub, Depends(get_hub)]
 
 
-def deployment_or_raise(deployments: DeploymentsFile, name: str, *, field: str = "deployment") -> DeploymentConfig:
+def deployment_or_raise(
+    deployments: DeploymentsFile, name: str, *, field: str = "deployment"
+) -> DeploymentConfig:
     config = deployments.get(name)
     if config is None:
         known = ", ".join(d.name for d in deployments.deployments)
@@ -51,4 +53,6 @@ def deployment_for_decision(deployments: DeploymentsFile, name: str | None) -> D
         return deployment_or_raise(deployments, name)
     if len(deployments.deployments) == 1:
         return deployments.deployments[0]
-    raise InvalidInputError("deployment", "required: decision ids are per deployment and several are configured")
+    raise InvalidInputError(
+        "deployment", "required: decision ids are per deployment and several are configured"
+    )

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.core.errors import ConflictError, InvalidInputError, NotFoundError
@@ -19,7 +20,11 @@ PROBLEM_JSON = "application/problem+json"
 
 
 def problem(
-    status: int, detail: str, *, request: Request, errors: list[dict[str, Any]] | None = None,
+    status: int,
+    detail: str,
+    *,
+    request: Request,
+    errors: list[dict[str, Any]] | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     title = HTTPStatus(status).phrase
@@ -76,7 +81,17 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InvalidInputError)
     async def _invalid(request: Request, exc: InvalidInputError) -> JSONResponse:
         return problem(
-            422, f"{exc.field}: {exc.detail}", request=request, errors=[{"field": exc.field, "message": exc.detail}]
+            422,
+            f"{exc.field}: {exc.detail}",
+            request=request,
+            errors=[{"field": exc.field, "message": exc.detail}],
+        )
+
+    @app.exception_handler(OperationalError)
+    async def _database_down(request: Request, exc: OperationalError) -> JSONResponse:
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc.orig)
+        return problem(
+            503, "the database is unavailable; retry later", request=request, headers={"Retry-After": "5"}
         )
 
     @app.exception_handler(Exception)

@@ -44,16 +44,27 @@ def judge(
     source: DecisionSource,
     now: datetime,
     ack_timeout_s: float,
+    await_ack: bool = True,
 ) -> ProtocolOutcome:
+    """`await_ack=False` is the advisory connector: nobody acknowledges, so a pending decision
+    never holds the next one back."""
     in_force = latest is not None and latest.status in (DecisionStatus.PENDING, DecisionStatus.SUCCEEDED)
     if in_force and latest.replicas == target:  # type: ignore[union-attr]
         return ProtocolOutcome(Verdict.UNCHANGED, f"target equals decision {latest.id} ({latest.status})")  # type: ignore[union-attr]
 
     if latest is None or latest.status != DecisionStatus.PENDING:
         return ProtocolOutcome(Verdict.CREATE, "no decision awaits acknowledgement")
+    if not await_ack:
+        return ProtocolOutcome(
+            Verdict.CREATE,
+            f"advisory: decision {latest.id} is not awaited; superseded",
+            DecisionStatus.SUPERSEDED,
+        )
     if source == DecisionSource.OVERRIDE:
         return ProtocolOutcome(
-            Verdict.CREATE, f"override supersedes unacknowledged decision {latest.id}", DecisionStatus.SUPERSEDED
+            Verdict.CREATE,
+            f"override supersedes unacknowledged decision {latest.id}",
+            DecisionStatus.SUPERSEDED,
         )
     if ack_overdue(latest, now, ack_timeout_s):
         return ProtocolOutcome(

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import insert, select, text, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from app.core.errors import ConflictError, NotFoundError
@@ -28,7 +29,9 @@ _ROLE_COLUMNS: dict[Role, str] = {"prefill": "num_prefill", "decode": "num_decod
 
 def replicas_of(decision: Decision) -> Replicas:
     return {
-        role: getattr(decision, col) for role, col in _ROLE_COLUMNS.items() if getattr(decision, col) is not None
+        role: getattr(decision, col)
+        for role, col in _ROLE_COLUMNS.items()
+        if getattr(decision, col) is not None
     }
 
 
@@ -43,16 +46,15 @@ def view_of(decision: Decision) -> DecisionView:
 
 
 def ensure_deployments(session: Session, names: list[str]) -> None:
-    """Create the state row of every configured deployment (existing rows are kept)."""
-    existing = set(session.scalars(select(DeploymentState.name).where(DeploymentState.name.in_(names))))
+    """Create the state row of every configured deployment; existing rows (and so the decision
+    id sequence) are kept, also when another process creates them at the same moment."""
+    insert_fn = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     for name in names:
-        if name in existing:
-            continue
-        try:
-            with session.begin_nested():
-                session.add(DeploymentState(name=name, last_decision_id=0, write_seq=0))
-        except IntegrityError:
-            pass  # another process created it first
+        session.execute(
+            insert_fn(DeploymentState)
+            .values(name=name, last_decision_id=0, write_seq=0)
+            .on_conflict_do_nothing(index_elements=["name"])
+        )
 
 
 def lock_deployment(session: Session, deployment: str) -> None:
@@ -67,7 +69,10 @@ def lock_deployment(session: Session, deployment: str) -> None:
 
 def latest_decision(session: Session, deployment: str) -> Decision | None:
     return session.scalars(
-        select(Decision).where(Decision.deployment == deployment).order_by(Decision.decision_id.desc()).limit(1)
+        select(Decision)
+        .where(Decision.deployment == deployment)
+        .order_by(Decision.decision_id.desc())
+        .limit(1)
     ).first()
 
 
@@ -137,10 +142,13 @@ def propose_decision(
     lock_deployment(session, deployment)
     latest = latest_decision(session, deployment)
     latest_view = view_of(latest) if latest is not None else None
-    # Nobody acknowledges in advisory mode, so a pending decision never holds the next one.
-    effective_source = source if await_ack else DecisionSource.OVERRIDE
     outcome = judge(
-        latest=latest_view, target=target, source=effective_source, now=now, ack_timeout_s=ack_timeout_s
+        latest=latest_view,
+        target=target,
+        source=source,
+        now=now,
+        ack_timeout_s=ack_timeout_s,
+        await_ack=await_ack,
     )
     if outcome.verdict != Verdict.CREATE:
         return ProposalResult(outcome, None, None)
@@ -170,7 +178,9 @@ def propose_decision(
     return ProposalResult(outcome, decision, latest if outcome.retire_latest_as else None)
 
 
-def expire_overdue(session: Session, *, deployment: str, now: datetime, ack_timeout_s: float) -> Decision | None:
+def expire_overdue(
+    session: Session, *, deployment: str, now: datetime, ack_timeout_s: float
+) -> Decision | None:
     """Mark the latest decision expired if it has waited for its acknowledgement too long."""
     latest = latest_decision(session, deployment)
     if latest is None or not ack_overdue(view_of(latest), now, ack_timeout_s):

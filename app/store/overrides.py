@@ -73,7 +73,14 @@ def audit(
     session: Session, *, actor: Actor, action: str, deployment: str, now: datetime, details: dict[str, Any]
 ) -> None:
     session.add(
-        AuditEntry(at=now, actor_role=actor.role, actor=actor.name, action=action, deployment=deployment, details=details)
+        AuditEntry(
+            at=now,
+            actor_role=actor.role,
+            actor=actor.name,
+            action=action,
+            deployment=deployment,
+            details=details,
+        )
     )
 
 
@@ -112,7 +119,9 @@ def create_override(
         override.ended_reason = "resume is an event, not a state"
     for row in replaced:
         row.ended_at = now
-        row.ended_reason = f"{'ended' if action == OverrideAction.RESUME else 'replaced'} by override #{override.id}"
+        row.ended_reason = (
+            f"{'ended' if action == OverrideAction.RESUME else 'replaced'} by override #{override.id}"
+        )
 
     audit(
         session,

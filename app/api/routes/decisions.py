@@ -24,7 +24,10 @@ from app.store import decisions as store
 router = APIRouter(prefix="/decisions", tags=["decisions"])
 
 _ERRORS = {
-    401: {"model": Problem}, 403: {"model": Problem}, 404: {"model": Problem}, 422: {"model": Problem},
+    401: {"model": Problem},
+    403: {"model": Problem},
+    404: {"model": Problem},
+    422: {"model": Problem},
 }
 DecisionId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Decision id, per deployment")]
 DeploymentQuery = Annotated[
@@ -76,7 +79,11 @@ async def wait_for_decision(
 
 @router.get("/{id}", name="get_decision", response_model=DecisionOut, responses=_ERRORS)
 def get_decision(
-    session: SessionDep, deployments: DeploymentsDep, _: Viewer, id: DecisionId, deployment: DeploymentQuery = None
+    session: SessionDep,
+    deployments: DeploymentsDep,
+    _: Viewer,
+    id: DecisionId,
+    deployment: DeploymentQuery = None,
 ) -> DecisionOut:
     config = deployment_for_decision(deployments, deployment)
     return decision_out(store.get_decision_or_raise(session, config.name, id))
@@ -119,7 +126,8 @@ def complete_decision(
         metrics.acks.labels(config.name, "rejected").inc()
         raise
     metrics.acks.labels(config.name, "accepted").inc()
-    metrics.pending.labels(config.name).set(0)
+    latest = store.latest_decision(session, config.name)
+    metrics.pending.labels(config.name).set(1 if latest and latest.status == DecisionStatus.PENDING else 0)
     for role, count in (decision.observed or {}).items():
         metrics.ready[role].labels(config.name).set(count)
     return decision_out(decision)

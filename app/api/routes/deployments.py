@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
+from sqlalchemy.orm import Session
 
 from app.api.auth import Viewer
 from app.api.convert import decision_out, override_out
@@ -13,8 +15,6 @@ from app.api.schemas import DeploymentOut, Problem, RoleSummary, WorkerState
 from app.config import DeploymentConfig
 from app.store import decisions as decision_store
 from app.store import overrides as override_store
-from sqlalchemy.orm import Session
-from datetime import datetime
 
 router = APIRouter(prefix="/deployments", tags=["deployments"])
 
@@ -52,16 +52,24 @@ def _summary(request: Request, session: Session, config: DeploymentConfig, now: 
     )
 
 
-@router.get("", name="list_deployments", response_model=list[DeploymentOut],
-            responses={401: {"model": Problem}, 403: {"model": Problem}})
+@router.get(
+    "",
+    name="list_deployments",
+    response_model=list[DeploymentOut],
+    responses={401: {"model": Problem}, 403: {"model": Problem}},
+)
 def list_deployments(
     request: Request, session: SessionDep, deployments: DeploymentsDep, now: NowDep, _: Viewer
 ) -> list[DeploymentOut]:
     return [_summary(request, session, d, now) for d in deployments.deployments]
 
 
-@router.get("/{name}", name="get_deployment", response_model=DeploymentOut,
-            responses={401: {"model": Problem}, 403: {"model": Problem}, 404: {"model": Problem}})
+@router.get(
+    "/{name}",
+    name="get_deployment",
+    response_model=DeploymentOut,
+    responses={401: {"model": Problem}, 403: {"model": Problem}, 404: {"model": Problem}},
+)
 def get_deployment(
     request: Request,
     session: SessionDep,

@@ -21,7 +21,12 @@ router = APIRouter(tags=["diagnostics"])
     "/diagnostics",
     name="list_diagnostics",
     response_model=TickPage,
-    responses={401: {"model": Problem}, 403: {"model": Problem}, 404: {"model": Problem}, 422: {"model": Problem}},
+    responses={
+        401: {"model": Problem},
+        403: {"model": Problem},
+        404: {"model": Problem},
+        422: {"model": Problem},
+    },
 )
 def list_diagnostics(
     session: SessionDep,

@@ -46,6 +46,8 @@ def readyz(request: Request) -> JSONResponse:
     return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 
 
-@router.get("/metrics", name="metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+@router.get(
+    "/metrics", name="metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}}
+)
 def metrics(request: Request) -> Response:
     return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -21,7 +21,10 @@ from app.store import overrides as store
 router = APIRouter(tags=["overrides"])
 
 _ERRORS = {
-    401: {"model": Problem}, 403: {"model": Problem}, 404: {"model": Problem}, 422: {"model": Problem},
+    401: {"model": Problem},
+    403: {"model": Problem},
+    404: {"model": Problem},
+    422: {"model": Problem},
 }
 
 
@@ -53,7 +56,9 @@ def _bounds_params(body: BoundsIn, config: DeploymentConfig) -> dict[str, int]:
             if value is None:
                 continue
             if role not in config.roles:
-                raise InvalidInputError(f"body.{edge}_{role}", f"a {config.mode} deployment has no {role} role")
+                raise InvalidInputError(
+                    f"body.{edge}_{role}", f"a {config.mode} deployment has no {role} role"
+                )
             params[f"{edge}_{role}"] = value
     if not params:
         names = ", ".join(f"min_{r}, max_{r}" for r in config.roles)
@@ -72,7 +77,10 @@ def _bounds_params(body: BoundsIn, config: DeploymentConfig) -> dict[str, int]:
     name="create_override",
     status_code=201,
     response_model=OverrideCreated,
-    responses={**_ERRORS, 409: {"model": Problem, "description": "resume of a deployment that is not paused"}},
+    responses={
+        **_ERRORS,
+        409: {"model": Problem, "description": "resume of a deployment that is not paused"},
+    },
 )
 def create_override(
     request: Request,
@@ -94,8 +102,14 @@ def create_override(
     expires_at = now + timedelta(seconds=body.expires_in_s) if body.expires_in_s else None
 
     override = store.create_override(
-        session, deployment=config.name, action=action, params=params, reason=body.reason,
-        expires_at=expires_at, actor=actor, now=now,
+        session,
+        deployment=config.name,
+        action=action,
+        params=params,
+        reason=body.reason,
+        expires_at=expires_at,
+        actor=actor,
+        now=now,
     )
     decision, outcome = None, None
     if action == OverrideAction.PIN:
