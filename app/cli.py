@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         from sqlalchemy.exc import OperationalError
 
         if isinstance(exc, OperationalError):
-            return _fail(f"PLANNER_DATABASE_URL: cannot reach the database: {exc.orig}", 1)
+            first_line = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc.orig)
+            return _fail(f"PLANNER_DATABASE_URL: cannot reach the database: {first_line}", 1)
         raise
 
 

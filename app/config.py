@@ -161,6 +161,10 @@ def load_deployments(path: str | Path) -> DeploymentsFile:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{path}: deployments file not found (set PLANNER_CONFIG)") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the deployments file ({exc.strerror})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
@@ -215,10 +219,11 @@ class Settings(BaseSettings):
             entries += [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
             source = "PLANNER_API_TOKENS / PLANNER_API_TOKENS_FILE"
         tokens: dict[str, ApiRole] = {}
-        for entry in entries:
+        for number, entry in enumerate(entries, start=1):
             role, sep, token = entry.strip().partition(":")
             if not sep or not token:
-                raise ConfigError(f"{source}: entry {role!r} is not 'role:token'")
+                # Never echo the entry: without a colon it is most likely a bare secret.
+                raise ConfigError(f"{source}: entry {number} is not 'role:token'")
             if role not in ("viewer", "orchestrator", "operator"):
                 raise ConfigError(f"{source}: role {role!r} is not one of viewer, orchestrator, operator")
             if len(token) < 8:

@@ -1,0 +1,91 @@
+"""The committed openapi/openapi.json is the app's schema, with stable operation ids."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+OPENAPI_JSON = REPO_ROOT / "openapi" / "openapi.json"
+
+EXPECTED_OPERATION_IDS = {
+    "healthz",
+    "readyz",
+    "metrics",
+    "list_deployments",
+    "get_deployment",
+    "list_decisions",
+    "wait_for_decision",
+    "get_decision",
+    "complete_decision",
+    "list_diagnostics",
+    "create_override",
+    "list_overrides",
+    "delete_override",
+    "list_audit",
+}
+
+
+def openapi_cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLANNER_")}
+    env.update(
+        {
+            "PLANNER_DATABASE_URL": f"sqlite:///{tmp_path / 'unused.db'}",
+            "PLANNER_CONFIG": str(REPO_ROOT / "examples" / "planner.yaml"),
+            "PLANNER_HOST": "127.0.0.1",
+            "PLANNER_PORT": "8080",
+            "PLANNER_API_TOKENS": "",
+            "PLANNER_LOG_LEVEL": "INFO",
+        }
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", "openapi", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_committed_schema_matches_the_app(tmp_path: Path) -> None:
+    result = openapi_cli("--check", tmp_path=tmp_path)
+    assert result.returncode == 0, f"run `planner openapi` and commit openapi/openapi.json:\n{result.stderr}"
+    assert result.stdout == f"{OPENAPI_JSON} matches the app\n"
+
+
+def test_check_fails_on_a_stale_file(tmp_path: Path) -> None:
+    stale = tmp_path / "openapi.json"
+    stale.write_text(OPENAPI_JSON.read_text().replace('"healthz"', '"healthz_old"'))
+    before = stale.read_text()
+    result = openapi_cli("--check", "--output", str(stale), tmp_path=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"planner: error: {stale} is out of date with the app; run `planner openapi` and commit it"
+    )
+    assert stale.read_text() == before, "--check must not rewrite the file"
+
+
+def test_check_fails_on_a_missing_file(tmp_path: Path) -> None:
+    missing = tmp_path / "absent.json"
+    result = openapi_cli("--check", "--output", str(missing), tmp_path=tmp_path)
+    assert result.returncode == 1
+    assert "out of date" in result.stderr
+    assert not missing.exists()
+
+
+def test_write_then_check(tmp_path: Path) -> None:
+    out = tmp_path / "sub" / "openapi.json"
+    written = openapi_cli("--output", str(out), tmp_path=tmp_path)
+    assert written.returncode == 0, written.stderr
+    assert out.read_text() == OPENAPI_JSON.read_text()
+    assert openapi_cli("--check", "--output", str(out), tmp_path=tmp_path).returncode == 0
+
+
+def test_operation_ids() -> None:
+    document = json.loads(OPENAPI_JSON.read_text())
+    ids = [op["operationId"] for path in document["paths"].values() for op in path.values()]
+    assert sorted(ids) == sorted(EXPECTED_OPERATION_IDS), "operation ids are part of the contract"

@@ -1,0 +1,186 @@
+"""The `planner` command line as a real process: a bad setting is one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import create_engine, inspect
+
+from tests.support import demo_config
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXPECTED_TABLES = {
+    "alembic_version",
+    "audit_log",
+    "decision_acks",
+    "decisions",
+    "deployment_state",
+    "overrides",
+    "ticks",
+}
+
+
+def planner(*args: str, env: dict[str, str], timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run `planner ARGS` with exactly the PLANNER_* variables given (none inherited)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PLANNER_")}
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=REPO_ROOT,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+def planner_env(tmp_path: Path, **given: str) -> dict[str, str]:
+    env = {
+        "PLANNER_DATABASE_URL": f"sqlite:///{tmp_path / 'planner.db'}",
+        "PLANNER_CONFIG": str(REPO_ROOT / "examples" / "planner.yaml"),
+        "PLANNER_HOST": "127.0.0.1",
+        "PLANNER_PORT": "1",  # never reached: every case here must stop before listening
+        "PLANNER_API_TOKENS": "",
+        "PLANNER_LOG_LEVEL": "INFO",
+    }
+    env.update(given)
+    return env
+
+
+def stderr_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+def write_yaml(path: Path, config: dict) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@dataclass(frozen=True)
+class FailCase:
+    name: str
+    why: str
+    args: tuple[str, ...]
+    # PLANNER_* values; "{tmp}" is replaced by the test's tmp_path
+    env: dict[str, str]
+    expected_start: str  # the one stderr line starts with this (after "planner: error: ")
+    exit_code: int
+
+
+def _bad_sla_config(tmp: Path) -> str:
+    config = demo_config(sla={"ttft_ms": -1, "itl_ms": 50})
+    return str(write_yaml(tmp / "bad.yaml", config))
+
+
+FAIL_CASES = [
+    FailCase(
+        "serve_bad_deployments_file",
+        "a bad field stops start-up naming file and field",
+        ("serve",),
+        {"PLANNER_CONFIG": "{tmp}/bad.yaml"},
+        "{tmp}/bad.yaml: deployments[0].sla.ttft_ms: ",
+        2,
+    ),
+    FailCase(
+        "serve_missing_deployments_file",
+        "the missing file names PLANNER_CONFIG",
+        ("serve",),
+        {"PLANNER_CONFIG": "{tmp}/absent.yaml"},
+        "{tmp}/absent.yaml: deployments file not found (set PLANNER_CONFIG)",
+        2,
+    ),
+    FailCase(
+        "serve_open_on_all_interfaces",
+        "no tokens and not loopback: refuse to start",
+        ("serve",),
+        {"PLANNER_HOST": "0.0.0.0"},
+        "PLANNER_HOST: refusing to listen on 0.0.0.0 without API tokens",
+        2,
+    ),
+    FailCase(
+        "serve_bad_token_entry",
+        "a malformed token setting stops start-up",
+        ("serve",),
+        {"PLANNER_API_TOKENS": "admin:abcdefgh"},
+        "PLANNER_API_TOKENS: role 'admin' is not one of",
+        2,
+    ),
+    FailCase(
+        "serve_bad_port", "the variable is named", ("serve",), {"PLANNER_PORT": "70000"}, "PLANNER_PORT: ", 2
+    ),
+    FailCase(
+        "db_upgrade_unknown_scheme",
+        "an unsupported database URL is a settings error",
+        ("db", "upgrade"),
+        {"PLANNER_DATABASE_URL": "mysql://u:p@127.0.0.1/db"},
+        "PLANNER_DATABASE_URL: ",
+        2,
+    ),
+    FailCase(
+        "db_upgrade_unreachable_postgres",
+        "an unreachable server names the setting, no traceback",
+        ("db", "upgrade"),
+        {"PLANNER_DATABASE_URL": "postgresql://postgres:postgres@127.0.0.1:1/planner"},
+        "PLANNER_DATABASE_URL: cannot reach the database",
+        1,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", FAIL_CASES, ids=lambda c: c.name)
+def test_fails_with_one_line(case: FailCase, tmp_path: Path) -> None:
+    _bad_sla_config(tmp_path)
+    env = planner_env(tmp_path, **{k: v.replace("{tmp}", str(tmp_path)) for k, v in case.env.items()})
+    # A process that started listening would not return: the timeout fails the test.
+    result = planner(*case.args, env=env)
+    lines = stderr_lines(result)
+    assert result.returncode == case.exit_code, f"{case.why}: {result.stderr}"
+    assert len(lines) == 1, f"{case.why}: expected one line, got {lines}"
+    assert lines[0].startswith("planner: error: " + case.expected_start.replace("{tmp}", str(tmp_path))), (
+        lines
+    )
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_refusing_to_listen_touches_no_database(tmp_path: Path) -> None:
+    """The exposure check runs before migrations: a refused start leaves nothing behind."""
+    result = planner("serve", env=planner_env(tmp_path, PLANNER_HOST="0.0.0.0"))
+    assert result.returncode == 2
+    assert not (tmp_path / "planner.db").exists()
+
+
+def test_db_upgrade_creates_the_schema(tmp_path: Path) -> None:
+    db = tmp_path / "fresh.db"
+    url = f"sqlite:///{db}"
+    result = planner("db", "upgrade", env=planner_env(tmp_path, PLANNER_DATABASE_URL=url))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"database at head: {url}\n"
+    engine = create_engine(url)
+    try:
+        assert set(inspect(engine).get_table_names()) == EXPECTED_TABLES
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalars().all() == [
+                "0001_initial"
+            ]
+    finally:
+        engine.dispose()
+
+
+def test_db_upgrade_twice_is_a_no_op(tmp_path: Path) -> None:
+    env = planner_env(tmp_path)
+    assert planner("db", "upgrade", env=env).returncode == 0
+    again = planner("db", "upgrade", env=env)
+    assert again.returncode == 0, again.stderr
+    assert "Running upgrade" not in again.stderr
+
+
+def test_unknown_command_is_a_usage_error(tmp_path: Path) -> None:
+    result = planner("frobnicate", env=planner_env(tmp_path))
+    assert result.returncode == 2
+    assert "invalid choice: 'frobnicate'" in result.stderr
