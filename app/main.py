@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from app import __version__
+from app.api.convert import encode_decision
 from app.api.errors import install_error_handlers
 from app.api.routes import decisions, diagnostics, health, overrides
 from app.api.routes import deployments as deployment_routes
@@ -48,7 +49,7 @@ def create_app(
         names = [d.name for d in deployments.deployments]
         with session_factory() as session, session.begin():
             ensure_deployments(session, names)
-        hub = DecisionHub(session_factory, metrics)
+        hub = DecisionHub(session_factory, metrics, encode=encode_decision)
         hub.bind(asyncio.get_running_loop())
         listener = None
         if is_postgres(engine):

@@ -29,6 +29,11 @@ def decision_out(d: Decision) -> DecisionOut:
     )
 
 
+def encode_decision(d: Decision) -> bytes:
+    """The JSON body of a decision, as GET /decisions/{id} sends it."""
+    return decision_out(d).model_dump_json().encode()
+
+
 def override_out(o: Override, now: datetime) -> OverrideOut:
     return OverrideOut(
         id=o.id,

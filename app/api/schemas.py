@@ -146,9 +146,10 @@ class RoleSummary(BaseModel):
 
 class WorkerState(BaseModel):
     running: bool
-    leader: bool
+    leader: bool = Field(description="This process holds the deployment's lease and runs its ticks")
+    lease_checked_at: datetime | None
     interval_s: float
-    last_tick_at: datetime | None
+    last_tick_at: datetime | None = Field(description="Last tick this process ran")
     last_error: str | None
 
 

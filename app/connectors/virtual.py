@@ -4,7 +4,8 @@
 the new decision after its commit; on PostgreSQL, `PgDecisionListener` also LISTENs for the
 NOTIFY every writer sends inside its transaction, so a decision stored by another planner
 process wakes the waiters here too. Waking never needs a query per waiter: the hub caches the
-newest decision per deployment and every waiter of that deployment reads it.
+newest decision per deployment, already encoded as the response body, and every waiter of that
+deployment sends the same bytes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import json
 import logging
 import threading
+from collections.abc import Callable
 
 import psycopg
 from sqlalchemy.engine import make_url
@@ -32,11 +34,17 @@ log = logging.getLogger(__name__)
 
 
 class DecisionHub:
-    def __init__(self, session_factory: sessionmaker[Session], metrics: PlannerMetrics) -> None:
+    def __init__(
+        self,
+        session_factory: sessionmaker[Session],
+        metrics: PlannerMetrics,
+        encode: Callable[[Decision], bytes],
+    ) -> None:
         self._sf = session_factory
         self._metrics = metrics
+        self._encode = encode
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._latest: dict[str, Decision] = {}
+        self._latest: dict[str, tuple[int, bytes]] = {}
         self._events: dict[str, asyncio.Event] = {}
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -48,13 +56,13 @@ class DecisionHub:
             event = self._events[deployment] = asyncio.Event()
         return event
 
-    def publish(self, decision: Decision) -> None:
+    def _publish(self, deployment: str, decision_id: int, body: bytes) -> None:
         """On the event loop: remember the decision and wake this deployment's waiters."""
-        cached = self._latest.get(decision.deployment)
-        if cached is not None and cached.decision_id >= decision.decision_id:
+        cached = self._latest.get(deployment)
+        if cached is not None and cached[0] >= decision_id:
             return  # already seen (our own write, echoed back by NOTIFY)
-        self._latest[decision.deployment] = decision
-        old = self._events.pop(decision.deployment, None)
+        self._latest[deployment] = (decision_id, body)
+        old = self._events.pop(deployment, None)
         if old is not None:
             old.set()
 
@@ -75,17 +83,18 @@ class DecisionHub:
     def publish_threadsafe(self, decision: Decision) -> None:
         if self._loop is None or self._loop.is_closed():
             return
-        self._loop.call_soon_threadsafe(self.publish, decision)
+        body = self._encode(decision)  # once, in the writer's thread, not per waiter
+        self._loop.call_soon_threadsafe(self._publish, decision.deployment, decision.decision_id, body)
 
-    async def wait(self, deployment: str, after: int, timeout_s: float) -> Decision | None:
-        """The latest decision with id > `after`, at once or as soon as one is stored; None at
-        the timeout."""
+    async def wait(self, deployment: str, after: int, timeout_s: float) -> bytes | None:
+        """The latest decision with id > `after` (as the JSON response body), at once or as soon
+        as one is stored; None at the timeout."""
         # Take the event before querying: a decision committed between the query and the
         # wait still sets this very event, so it cannot slip through.
         event = self._event(deployment)
         found = await asyncio.to_thread(self._query_after, deployment, after)
         if found is not None:
-            return found
+            return self._encode(found)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         self._metrics.waiters.inc()
@@ -99,8 +108,8 @@ class DecisionHub:
                 except TimeoutError:
                     return None
                 cached = self._latest.get(deployment)
-                if cached is not None and cached.decision_id > after:
-                    return cached
+                if cached is not None and cached[0] > after:
+                    return cached[1]
                 event = self._event(deployment)
         finally:
             self._metrics.waiters.dec()

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
+from app.core.errors import NotFoundError
 from app.store.models import DeploymentState, Tick
 
 
@@ -63,7 +64,11 @@ def acquire_lease(session: Session, *, deployment: str, holder: str, now: dateti
         )
         .values(lease_holder=holder, lease_expires_at=now + timedelta(seconds=ttl_s))
     )
-    return result.rowcount == 1  # type: ignore[attr-defined]
+    if result.rowcount == 1:  # type: ignore[attr-defined]
+        return True
+    if session.get(DeploymentState, deployment) is None:
+        raise NotFoundError(f"deployment {deployment!r} has no state row", field="deployment")
+    return False
 
 
 def release_lease(session: Session, *, deployment: str, holder: str) -> None:

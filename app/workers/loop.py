@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm.attributes import flag_modified
 
 from app.config import DeploymentConfig
 from app.connectors.virtual import DecisionHub
@@ -30,9 +31,10 @@ from app.workers.clock import Clock
 
 log = logging.getLogger(__name__)
 
-# A lease outlives a few missed ticks, so a slow tick does not hand the deployment over.
-_LEASE_TICKS = 3
-_LEASE_MIN_S = 30.0
+# The lease is renewed far more often than it expires, and independently of the tick interval,
+# so a planner that dies (even SIGKILLed) hands its deployments over within LEASE_TTL_S.
+LEASE_TTL_S = 30.0
+LEASE_RENEW_S = 10.0
 
 
 def process_identity() -> str:
@@ -65,6 +67,7 @@ class DeploymentWorker:
         self._holder = holder
         self._task: asyncio.Task[None] | None = None
         self.is_leader = False
+        self.lease_checked_at: datetime | None = None
         self.last_tick_at: datetime | None = None
         self.last_error: str | None = None
         self.consecutive_failures = 0
@@ -80,12 +83,7 @@ class DeploymentWorker:
     def tick(self, now: datetime) -> TickReport | None:
         """Run one tick at `now`; None when another process holds this deployment's lease."""
         name = self.config.name
-        ttl_s = max(_LEASE_TICKS * self.interval_s, _LEASE_MIN_S)
-        with self._sf() as session, session.begin():
-            self.is_leader = tick_store.acquire_lease(
-                session, deployment=name, holder=self._holder, now=now, ttl_s=ttl_s
-            )
-        if not self.is_leader:
+        if not self.renew_lease(now):
             return None
 
         with self._sf() as session, session.begin():
@@ -132,6 +130,7 @@ class DeploymentWorker:
             record["verdict"] = verdict
             record["decision_id"] = decision.decision_id if decision else None
             tick.record = record
+            flag_modified(tick, "record")  # the same dict object: SQLAlchemy cannot see the change
             tick.decision_id = record["decision_id"]
 
         if decision is not None:
@@ -142,14 +141,34 @@ class DeploymentWorker:
         log.info(summary)
         return TickReport(tick.id, decision, summary)
 
+    def renew_lease(self, now: datetime) -> bool:
+        """Take or keep the right to tick this deployment; False while another process has it."""
+        with self._sf() as session, session.begin():
+            self.is_leader = tick_store.acquire_lease(
+                session, deployment=self.config.name, holder=self._holder, now=now, ttl_s=LEASE_TTL_S
+            )
+        self.lease_checked_at = now
+        return self.is_leader
+
     async def run(self) -> None:
-        next_at = self._clock.now()
+        interval = timedelta(seconds=self.interval_s)
+        next_tick = next_lease = self._clock.now()
         while True:
-            await self._clock.sleep_until(next_at)
+            await self._clock.sleep_until(min(next_tick, next_lease))
             now = self._clock.now()
             try:
-                await asyncio.to_thread(self.tick, now)
-                self.last_tick_at = now
+                if now >= next_lease:
+                    was_leader = self.is_leader
+                    next_lease = now + timedelta(seconds=LEASE_RENEW_S)
+                    if await asyncio.to_thread(self.renew_lease, now) and not was_leader:
+                        next_tick = min(next_tick, now)  # just took over: tick at once
+                if now >= next_tick:
+                    next_tick += interval
+                    if next_tick <= now:  # fell behind: skip the missed ticks rather than burst
+                        next_tick = now + interval
+                    if self.is_leader:
+                        await asyncio.to_thread(self.tick, now)
+                        self.last_tick_at = now
                 self.last_error = None
                 self.consecutive_failures = 0
             except Exception as exc:  # keep ticking; the failure is counted and shown in /readyz
@@ -157,9 +176,6 @@ class DeploymentWorker:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 self._metrics.tick_failures.labels(self.config.name).inc()
                 log.exception("[%s] tick failed (%d in a row)", self.config.name, self.consecutive_failures)
-            next_at += timedelta(seconds=self.interval_s)
-            if next_at <= now:  # fell behind: skip the missed ticks rather than burst
-                next_at = now + timedelta(seconds=self.interval_s)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self.run(), name=f"worker-{self.config.name}")

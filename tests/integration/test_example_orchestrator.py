@@ -13,11 +13,21 @@ from tests.support import REPO_ROOT, PlannerProcess, demo_config, write_config
 def _run_orchestrator(planner: PlannerProcess, command: str, after: int) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
-            sys.executable, str(REPO_ROOT / "examples" / "orchestrator.py"),
-            "--url", planner.base_url, "--deployment", "demo", "--after", str(after),
-            "--command", command, "--once",
+            sys.executable,
+            str(REPO_ROOT / "examples" / "orchestrator.py"),
+            "--url",
+            planner.base_url,
+            "--deployment",
+            "demo",
+            "--after",
+            str(after),
+            "--command",
+            command,
+            "--once",
         ],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -26,7 +36,13 @@ def test_example_orchestrator_applies_and_acknowledges(db_url, tmp_path):
     planner = PlannerProcess(db_url, config, log_path=tmp_path / "planner.log").start()
     try:
         with httpx.Client(base_url=planner.base_url, timeout=10) as client:
-            pin = {"deployment": "demo", "action": "pin", "num_prefill": 3, "num_decode": 5, "reason": "readme"}
+            pin = {
+                "deployment": "demo",
+                "action": "pin",
+                "num_prefill": 3,
+                "num_decode": 5,
+                "reason": "readme",
+            }
             assert client.post("/override", json=pin).status_code == 201
 
             done = _run_orchestrator(planner, "test {prefill} -eq 3", after=0)

@@ -71,10 +71,10 @@ async def wait_for_decision(
     timeout_s: Annotated[float, Query(ge=0, le=300)] = 30.0,
 ) -> DecisionOut | Response:
     config = deployment_for_decision(deployments, deployment)
-    decision = await hub.wait(config.name, after, timeout_s)
-    if decision is None:
+    body = await hub.wait(config.name, after, timeout_s)
+    if body is None:
         return Response(status_code=204)
-    return decision_out(decision)
+    return Response(body, media_type="application/json")
 
 
 @router.get("/{id}", name="get_decision", response_model=DecisionOut, responses=_ERRORS)

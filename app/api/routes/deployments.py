@@ -45,6 +45,7 @@ def _summary(request: Request, session: Session, config: DeploymentConfig, now: 
         worker=WorkerState(
             running=worker.running,
             leader=worker.is_leader,
+            lease_checked_at=worker.lease_checked_at,
             interval_s=worker.interval_s,
             last_tick_at=worker.last_tick_at,
             last_error=worker.last_error,
