@@ -30,7 +30,7 @@ from app.store.decisions import ensure_deployments
 from app.store.models import DeploymentState, Tick
 from app.store.overrides import Actor
 from app.workers.clock import ManualClock
-from app.workers.loop import DeploymentWorker, process_identity
+from app.workers.loop import LEASE_RENEW_S, DeploymentWorker, process_identity
 from tests.support import demo_config
 
 pytestmark = pytest.mark.anyio
@@ -298,3 +298,35 @@ async def test_a_tick_decides_when_new_bounds_clamp_the_pin(db_url: str) -> None
         assert tick.decision_id is None
         assert tick.record["decision_id"] is None
         assert tick.record["verdict"] == "unchanged: target equals decision 2 (pending)"
+
+
+async def test_a_crashed_leader_is_replaced_within_the_lease_ttl(db_url: str) -> None:
+    """A planner that dies without releasing its lease (SIGKILL) hands the deployment to another
+    process once the lease expires: LEASE_TTL_S after its last renewal, not after a tick interval."""
+    async with running_worker(db_url) as a:
+        await ticked(a, 1, "A's first tick")
+        b = DeploymentWorker(
+            config=a.worker.config,
+            session_factory=a.sf,
+            hub=a.worker._hub,
+            metrics=a.metrics,
+            clock=a.clock,
+            holder=process_identity(),
+        )
+        b.start()
+        await eventually(lambda: b.lease_checked_at == a.clock.now(), "B's first lease check", a)
+        assert (a.worker.is_leader, b.is_leader) == (True, False)
+
+        # A crashes: its loop stops, its lease (renewed at T0) is left in the database.
+        a.worker._task.cancel()
+        await asyncio.gather(a.worker._task, return_exceptions=True)
+
+        for step in range(1, 4):  # T0+10, +20, +30: A's lease (expiring at T0+30) still holds
+            a.clock.advance(LEASE_RENEW_S)
+            await eventually(lambda: b.lease_checked_at == a.clock.now(), f"B's lease check {step}", a)
+            assert b.is_leader is False
+        a.clock.advance(LEASE_RENEW_S)  # T0+40: expired; B takes over and ticks at once
+        await eventually(lambda: b.last_tick_at == a.clock.now(), "B's first tick", a)
+        assert b.is_leader is True
+        assert a.tick_times() == at(0, 40)
+        await b.stop()
