@@ -109,8 +109,13 @@ ApiFactory = Callable[..., Awaitable[Api]]
 def make_settings(db_url: str, *, tokens: str = "", config_path: str | Path = "unused.yaml") -> Settings:
     # Every field given explicitly, so PLANNER_* variables of the caller's shell cannot leak in.
     return Settings(
-        database_url=db_url, config=str(config_path), host="127.0.0.1", port=8080,
-        api_tokens=tokens, api_tokens_file=None, log_level="INFO",
+        database_url=db_url,
+        config=str(config_path),
+        host="127.0.0.1",
+        port=8080,
+        api_tokens=tokens,
+        api_tokens_file=None,
+        log_level="INFO",
     )
 
 

@@ -148,8 +148,11 @@ class PlannerProcess:
         }
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve"], env=env, cwd=REPO_ROOT,
-            stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "app.cli", "serve"],
+            env=env,
+            cwd=REPO_ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -162,7 +165,9 @@ class PlannerProcess:
                 pass
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"planner serve did not answer /healthz within {timeout_s} s; log: {self.log_path}")
+        raise RuntimeError(
+            f"planner serve did not answer /healthz within {timeout_s} s; log: {self.log_path}"
+        )
 
     def kill(self) -> None:
         """SIGKILL: no shutdown hooks, like a crashed node."""

@@ -5,9 +5,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 NonNegative = Annotated[int, Field(ge=0, le=100_000)]
+MAX_ID = 2**31 - 1  # ids are 32-bit integer columns
+
+
+def _no_nul(text: str) -> str:
+    # PostgreSQL text cannot hold NUL; refuse it here rather than fail in the database.
+    if "\x00" in text:
+        raise ValueError("must not contain NUL characters")
+    return text
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
 _MAX_EXPIRY_S = 30 * 24 * 3600
 
 
@@ -59,12 +70,12 @@ class Observed(_In):
 class CompleteIn(_In):
     status: Literal["succeeded", "failed"]
     observed: Observed | None = None
-    message: str | None = Field(default=None, max_length=4000)
+    message: Text | None = Field(default=None, max_length=4000)
 
 
 class _OverrideIn(_In):
-    deployment: str = Field(min_length=1, max_length=63)
-    reason: str = Field(min_length=1, max_length=2000)
+    deployment: Text = Field(min_length=1, max_length=63)
+    reason: Text = Field(min_length=1, max_length=2000)
     expires_in_s: float | None = Field(default=None, gt=0, le=_MAX_EXPIRY_S)
 
 

@@ -32,6 +32,9 @@ from app.store.models import Decision
 
 log = logging.getLogger(__name__)
 
+# How often the listener thread looks up from its socket to see whether it should stop.
+_STOP_POLL_S = 0.2
+
 
 class DecisionHub:
     def __init__(
@@ -168,7 +171,7 @@ class PgDecisionListener:
                     backoff_s = 0.5
                     self._hub.refresh(self._deployments)
                     while not self._stop.is_set():
-                        for note in conn.notifies(timeout=1.0):
+                        for note in conn.notifies(timeout=_STOP_POLL_S):
                             self._deliver(note.payload)
             except Exception as exc:  # reconnect on anything; the state is visible in /readyz
                 self.last_error = f"{type(exc).__name__}: {exc}"

@@ -16,7 +16,7 @@ from app.api.deps import (
     deployment_for_decision,
     deployment_or_raise,
 )
-from app.api.schemas import CompleteIn, DecisionOut, DecisionPage, Problem
+from app.api.schemas import MAX_ID, CompleteIn, DecisionOut, DecisionPage, Problem
 from app.core.errors import InvalidInputError
 from app.core.types import DecisionStatus
 from app.store import decisions as store
@@ -29,7 +29,7 @@ _ERRORS = {
     404: {"model": Problem},
     422: {"model": Problem},
 }
-DecisionId = Annotated[int, Path(ge=1, le=2**31 - 1, description="Decision id, per deployment")]
+DecisionId = Annotated[int, Path(ge=1, le=MAX_ID, description="Decision id, per deployment")]
 DeploymentQuery = Annotated[
     str | None, Query(max_length=63, description="Required when more than one deployment is configured")
 ]
@@ -41,9 +41,11 @@ def list_decisions(
     deployments: DeploymentsDep,
     _: Viewer,
     deployment: Annotated[str | None, Query(max_length=63)] = None,
-    after: Annotated[int | None, Query(ge=0, description="Only decisions with a greater id")] = None,
+    after: Annotated[
+        int | None, Query(ge=0, le=MAX_ID, description="Only decisions with a greater id")
+    ] = None,
     status: Annotated[DecisionStatus | None, Query()] = None,
-    cursor: Annotated[int | None, Query(ge=0)] = None,
+    cursor: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> DecisionPage:
     if deployment is not None:
@@ -67,7 +69,7 @@ async def wait_for_decision(
     hub: HubDep,
     _: Orchestrator,
     deployment: DeploymentQuery = None,
-    after: Annotated[int, Query(ge=0, le=2**31 - 1, description="Last decision id seen; 0 = none")] = 0,
+    after: Annotated[int, Query(ge=0, le=MAX_ID, description="Last decision id seen; 0 = none")] = 0,
     timeout_s: Annotated[float, Query(ge=0, le=300)] = 30.0,
 ) -> DecisionOut | Response:
     config = deployment_for_decision(deployments, deployment)

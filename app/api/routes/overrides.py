@@ -10,7 +10,16 @@ from fastapi import APIRouter, Body, Path, Query, Request
 from app.api.auth import Operator, Viewer
 from app.api.convert import audit_out, decision_out, override_out
 from app.api.deps import DeploymentsDep, NowDep, SessionDep, deployment_or_raise
-from app.api.schemas import AuditOut, BoundsIn, OverrideCreated, OverrideIn, OverrideOut, PinIn, Problem
+from app.api.schemas import (
+    MAX_ID,
+    AuditOut,
+    BoundsIn,
+    OverrideCreated,
+    OverrideIn,
+    OverrideOut,
+    PinIn,
+    Problem,
+)
 from app.config import DeploymentConfig
 from app.core.errors import InvalidInputError
 from app.core.overrides import bound_violations, effective_bounds
@@ -152,7 +161,7 @@ def list_overrides(
 
 @router.delete("/override/{id}", name="delete_override", response_model=OverrideOut, responses=_ERRORS)
 def delete_override(
-    session: SessionDep, now: NowDep, actor: Operator, id: Annotated[int, Path(ge=1, le=2**31 - 1)]
+    session: SessionDep, now: NowDep, actor: Operator, id: Annotated[int, Path(ge=1, le=MAX_ID)]
 ) -> OverrideOut:
     override = store.end_override(session, override_id=id, actor=actor, now=now)
     session.commit()
