@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.core.types import Mode, Role, roles_for_mode
+from app.core.types import Mode, Role, RoleBounds, roles_for_mode
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,10 @@ class DeploymentConfig(_Strict):
 
     def role(self, role: Role) -> RoleConfig:
         return getattr(self, role)
+
+    def bounds(self) -> dict[Role, RoleBounds]:
+        """The configured min/max replicas of every role of the mode."""
+        return {r: RoleBounds(self.role(r).min_replicas, self.role(r).max_replicas) for r in self.roles}
 
     @property
     def tick_interval_s(self) -> float:

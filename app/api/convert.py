@@ -51,16 +51,8 @@ def override_out(o: Override, now: datetime) -> OverrideOut:
 
 
 def tick_out(t: Tick) -> TickOut:
-    return TickOut(id=t.id, deployment=t.deployment, at=t.at, decision_id=t.decision_id, record=t.record)
+    return TickOut.model_validate(t, from_attributes=True)
 
 
 def audit_out(a: AuditEntry) -> AuditOut:
-    return AuditOut(
-        id=a.id,
-        at=a.at,
-        actor_role=a.actor_role,
-        actor=a.actor,
-        action=a.action,
-        deployment=a.deployment,
-        details=a.details,
-    )
+    return AuditOut.model_validate(a, from_attributes=True)

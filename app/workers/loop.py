@@ -21,7 +21,7 @@ from sqlalchemy.orm.attributes import flag_modified
 from app.config import DeploymentConfig
 from app.connectors.virtual import DecisionHub
 from app.core.tick import on_tick
-from app.core.types import RoleBounds, TickSnapshot
+from app.core.types import TickSnapshot
 from app.metrics import PlannerMetrics
 from app.store import decisions as decision_store
 from app.store import ticks as tick_store
@@ -97,10 +97,7 @@ class DeploymentWorker:
             snapshot = TickSnapshot(
                 deployment=name,
                 roles=self.config.roles,
-                config_bounds={
-                    role: RoleBounds(self.config.role(role).min_replicas, self.config.role(role).max_replicas)
-                    for role in self.config.roles
-                },
+                config_bounds=self.config.bounds(),
                 overrides=overrides,
                 latest_decision=decision_store.view_of(latest) if latest else None,
             )

@@ -23,7 +23,7 @@ from app.api.schemas import (
 from app.config import DeploymentConfig
 from app.core.errors import InvalidInputError
 from app.core.overrides import bound_violations, effective_bounds
-from app.core.types import ALL_ROLES, ActiveOverrides, DecisionSource, OverrideAction, RoleBounds
+from app.core.types import ALL_ROLES, ActiveOverrides, DecisionSource, OverrideAction
 from app.store import decisions as decision_store
 from app.store import overrides as store
 
@@ -37,10 +37,6 @@ _ERRORS = {
 }
 
 
-def _config_bounds(config: DeploymentConfig) -> dict:
-    return {r: RoleBounds(config.role(r).min_replicas, config.role(r).max_replicas) for r in config.roles}
-
-
 def _pin_params(body: PinIn, config: DeploymentConfig, active: ActiveOverrides) -> dict[str, int]:
     params: dict[str, int] = {}
     for role in ALL_ROLES:
@@ -51,7 +47,7 @@ def _pin_params(body: PinIn, config: DeploymentConfig, active: ActiveOverrides) 
             raise InvalidInputError(f"body.num_{role}", f"a {config.mode} deployment has no {role} role")
         if value is not None:
             params[role] = value
-    bounds = effective_bounds(_config_bounds(config), active)
+    bounds = effective_bounds(config.bounds(), active)
     for role, message in bound_violations(params, bounds):  # type: ignore[arg-type]
         raise InvalidInputError(f"body.num_{role}", f"{message}; change the bounds first to pin outside them")
     return params
