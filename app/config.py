@@ -124,6 +124,11 @@ class DeploymentConfig(_Strict):
     def role(self, role: Role) -> RoleConfig:
         return getattr(self, role)
 
+    @property
+    def awaits_ack(self) -> bool:
+        """Only an orchestrator behind the virtual connector acknowledges decisions."""
+        return self.connector.type == "virtual"
+
     def bounds(self) -> dict[Role, RoleBounds]:
         """The configured min/max replicas of every role of the mode."""
         return {r: RoleBounds(self.role(r).min_replicas, self.role(r).max_replicas) for r in self.roles}

@@ -76,10 +76,6 @@ class DeploymentWorker:
     def interval_s(self) -> float:
         return self.config.tick_interval_s
 
-    @property
-    def await_ack(self) -> bool:
-        return self.config.connector.type == "virtual"
-
     def tick(self, now: datetime) -> TickReport | None:
         """Run one tick at `now`; None when another process holds this deployment's lease."""
         name = self.config.name
@@ -88,7 +84,7 @@ class DeploymentWorker:
 
         with self._sf() as session, session.begin():
             expired = None
-            if self.await_ack:
+            if self.config.awaits_ack:
                 expired = decision_store.expire_overdue(
                     session, deployment=name, now=now, ack_timeout_s=self.config.connector.ack_timeout_s
                 )
@@ -116,7 +112,7 @@ class DeploymentWorker:
                     reasons=result.reasons,
                     now=now,
                     ack_timeout_s=self.config.connector.ack_timeout_s,
-                    await_ack=self.await_ack,
+                    await_ack=self.config.awaits_ack,
                     tick_id=tick.id,
                     override_id=overrides.pin_id,
                 )

@@ -126,6 +126,7 @@ def create_override(
             reasons=[f"pin: pinned by override #{override.id} ({actor.name}): {body.reason}"],
             now=now,
             ack_timeout_s=config.connector.ack_timeout_s,
+            await_ack=config.awaits_ack,
             override_id=override.id,
         )
         decision = proposal.decision
