@@ -1,7 +1,9 @@
-"""Helpers shared by tests and benchmarks: fresh databases, configs, real server processes."""
+"""Helpers shared by tests and benchmarks: fresh databases, configs, real server processes, and
+the HTTP helpers the integration tests use against those processes."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -10,6 +12,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,3 +187,135 @@ class PlannerProcess:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+# --- talking to a real `planner serve` (integration tests) ----------------------------------------
+
+TOKENS = "viewer:viewer-token-1,orchestrator:orch-token-1,operator:oper-token-1"
+VIEWER = {"Authorization": "Bearer viewer-token-1"}
+ORCH = {"Authorization": "Bearer orch-token-1"}
+OPER = {"Authorization": "Bearer oper-token-1"}
+# How the audit log and the pin reasons name the operator token (a fingerprint, not the token).
+OPER_NAME = "token:" + hashlib.sha256(b"oper-token-1").hexdigest()[:10]
+
+
+def log_tail(proc: PlannerProcess, lines: int = 60) -> str:
+    if proc.log_path is None or not Path(proc.log_path).exists():
+        return "(no log)"
+    text = Path(proc.log_path).read_text(errors="replace").splitlines()
+    return f"--- {proc.log_path} (last {lines} lines) ---\n" + "\n".join(text[-lines:])
+
+
+def logs(*procs: PlannerProcess) -> str:
+    return "\n".join(log_tail(p) for p in procs)
+
+
+def expect(resp: httpx.Response, status: int, *procs: PlannerProcess) -> Any:
+    """The JSON body of a response that must have `status`; otherwise fail with the servers' logs."""
+    assert resp.status_code == status, (
+        f"{resp.request.method} {resp.request.url} -> {resp.status_code}, expected {status}: {resp.text}\n"
+        + logs(*procs)
+    )
+    return resp.json() if resp.content else None
+
+
+def metric(client: httpx.Client, name: str) -> float | None:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return None
+
+
+def poll(condition: Callable[[], bool], what: str, *procs: PlannerProcess, steps: int = 400) -> None:
+    """Wait (bounded) until `condition` holds; a wait, not a timing assertion."""
+    for _ in range(steps):
+        if condition():
+            return
+        time.sleep(0.025)
+    raise AssertionError(f"never happened: {what}\n" + logs(*procs))
+
+
+def pin(
+    client: httpx.Client, prefill: int, decode: int, reason: str, *procs: PlannerProcess
+) -> dict[str, Any]:
+    """Pin `demo` to `prefill`/`decode` replicas as the operator; the created override."""
+    return expect(
+        client.post(
+            "/override",
+            headers=OPER,
+            json={
+                "deployment": "demo",
+                "action": "pin",
+                "num_prefill": prefill,
+                "num_decode": decode,
+                "reason": reason,
+            },
+        ),
+        201,
+        *procs,
+    )
+
+
+def acknowledge(
+    client: httpx.Client, decision_id: int, prefill: int, decode: int, *procs: PlannerProcess
+) -> dict[str, Any]:
+    """Complete decision `decision_id` of `demo` as succeeded with the observed replicas."""
+    return expect(
+        client.post(
+            f"/decisions/{decision_id}/complete",
+            headers=ORCH,
+            json={"status": "succeeded", "observed": {"prefill": prefill, "decode": decode}},
+        ),
+        200,
+        *procs,
+    )
+
+
+def next_decision(
+    client: httpx.Client, after: int, *procs: PlannerProcess, timeout_s: float | None = None
+) -> dict[str, Any]:
+    """Long-poll `GET /decisions/wait` for `demo` as the orchestrator; the decision (200) it returns."""
+    params: dict[str, Any] = {"deployment": "demo", "after": after}
+    if timeout_s is not None:
+        params["timeout_s"] = timeout_s
+    return expect(client.get("/decisions/wait", headers=ORCH, params=params), 200, *procs)
+
+
+def held_wait(pool: Executor, proc: PlannerProcess, after: int, timeout_s: float) -> Future[httpx.Response]:
+    """Run a long-poll `GET /decisions/wait` for `demo` on `proc` in `pool`: its response, later."""
+    return pool.submit(
+        httpx.get,
+        f"{proc.base_url}/decisions/wait",
+        headers=ORCH,
+        params={"deployment": "demo", "after": after, "timeout_s": timeout_s},
+        timeout=60,
+    )
+
+
+def start_or_fail(proc: PlannerProcess) -> PlannerProcess:
+    """Start `proc`; a failed start fails the test with the tail of its log."""
+    try:
+        return proc.start()
+    except RuntimeError as exc:
+        raise AssertionError(f"{exc}\n{log_tail(proc)}") from None
+
+
+@contextmanager
+def planner_starter(database_url: str, workdir: Path) -> Iterator[Callable[[], PlannerProcess]]:
+    """A function that starts `planner serve` on `database_url` with the demo config and TOKENS,
+    logging to `workdir`; every process it started is stopped on exit."""
+    config = write_config(workdir / "planner.yaml", demo_config())
+    procs: list[PlannerProcess] = []
+
+    def start() -> PlannerProcess:
+        proc = PlannerProcess(
+            database_url, config, tokens=TOKENS, log_path=workdir / f"planner-{len(procs)}.log"
+        )
+        procs.append(proc)
+        return start_or_fail(proc)
+
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            proc.stop()

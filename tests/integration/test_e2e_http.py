@@ -7,99 +7,50 @@ unacknowledged supersedes it.
 
 from __future__ import annotations
 
-import hashlib
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from tests.support import PlannerProcess, demo_config, write_config
-
-TOKENS = "viewer:viewer-token-1,orchestrator:orch-token-1,operator:oper-token-1"
-VIEWER = {"Authorization": "Bearer viewer-token-1"}
-ORCH = {"Authorization": "Bearer orch-token-1"}
-OPER = {"Authorization": "Bearer oper-token-1"}
-# How the audit log and the pin reasons name the operator token (a fingerprint, not the token).
-OPER_NAME = "token:" + hashlib.sha256(b"oper-token-1").hexdigest()[:10]
-
+from tests.support import (
+    OPER_NAME,
+    ORCH,
+    VIEWER,
+    PlannerProcess,
+    acknowledge,
+    expect,
+    held_wait,
+    metric,
+    next_decision,
+    pin,
+    planner_starter,
+    poll,
+)
 
 # --- helpers ---------------------------------------------------------------------------------------
 
 
-def log_tail(proc: PlannerProcess, lines: int = 60) -> str:
-    if proc.log_path is None or not Path(proc.log_path).exists():
-        return "(no log)"
-    text = Path(proc.log_path).read_text(errors="replace").splitlines()
-    return f"--- {proc.log_path} (last {lines} lines) ---\n" + "\n".join(text[-lines:])
-
-
-def expect(resp: httpx.Response, status: int, proc: PlannerProcess) -> Any:
-    """The JSON body of a response that must have `status`; otherwise fail with the server log."""
-    assert resp.status_code == status, (
-        f"{resp.request.method} {resp.request.url} -> {resp.status_code}, expected {status}: {resp.text}\n"
-        + log_tail(proc)
-    )
-    return resp.json() if resp.content else None
-
-
 def waiters(client: httpx.Client) -> float:
-    text = client.get("/metrics").text
-    for line in text.splitlines():
-        if line.startswith("dynamo_planner_decision_waiters "):
-            return float(line.split()[1])
-    raise AssertionError("dynamo_planner_decision_waiters missing from /metrics:\n" + text)
+    value = metric(client, "dynamo_planner_decision_waiters")
+    if value is None:
+        raise AssertionError(
+            "dynamo_planner_decision_waiters missing from /metrics:\n" + client.get("/metrics").text
+        )
+    return value
 
 
 def wait_for_waiters(client: httpx.Client, count: int, proc: PlannerProcess) -> None:
     """Poll /metrics until `count` long-poll requests are held (bounded; a wait, not a timing check)."""
-    for _ in range(400):
-        if waiters(client) == count:
-            return
-        time.sleep(0.025)
-    raise AssertionError(f"/metrics never showed {count} held waiter(s)\n" + log_tail(proc))
-
-
-def pin(client: httpx.Client, prefill: int, decode: int, reason: str, proc: PlannerProcess) -> dict[str, Any]:
-    return expect(
-        client.post(
-            "/override",
-            headers=OPER,
-            json={
-                "deployment": "demo",
-                "action": "pin",
-                "num_prefill": prefill,
-                "num_decode": decode,
-                "reason": reason,
-            },
-        ),
-        201,
-        proc,
-    )
+    poll(lambda: waiters(client) == count, f"/metrics showing {count} held waiter(s)", proc)
 
 
 @pytest.fixture
 def start_planner(db_url: str, tmp_path: Path) -> Iterator[Callable[[], PlannerProcess]]:
     """Start `planner serve` on this test's database; every process is stopped at teardown."""
-    config = write_config(tmp_path / "planner.yaml", demo_config())
-    procs: list[PlannerProcess] = []
-
-    def start() -> PlannerProcess:
-        proc = PlannerProcess(db_url, config, tokens=TOKENS, log_path=tmp_path / f"planner-{len(procs)}.log")
-        procs.append(proc)
-        try:
-            return proc.start()
-        except RuntimeError as exc:
-            raise AssertionError(f"{exc}\n{log_tail(proc)}") from None
-
-    try:
+    with planner_starter(db_url, tmp_path) as start:
         yield start
-    finally:
-        for proc in procs:
-            proc.stop()
 
 
 # --- tests -----------------------------------------------------------------------------------------
@@ -117,9 +68,7 @@ def test_pin_wait_complete_reads_succeeded(start_planner: Callable[[], PlannerPr
         assert created["decision_outcome"] == "create: no decision awaits acknowledgement"
         assert created["decision"]["id"] == 1
 
-        decision = expect(
-            client.get("/decisions/wait", headers=ORCH, params={"deployment": "demo", "after": 0}), 200, proc
-        )
+        decision = next_decision(client, 0, proc)
         assert decision == {
             "id": 1,
             "deployment": "demo",
@@ -141,8 +90,7 @@ def test_pin_wait_complete_reads_succeeded(start_planner: Callable[[], PlannerPr
             "override_id": 1,
         }
 
-        ack = {"status": "succeeded", "observed": {"prefill": 3, "decode": 5}}
-        done = expect(client.post("/decisions/1/complete", headers=ORCH, json=ack), 200, proc)
+        done = acknowledge(client, 1, 3, 5, proc)
         assert done["status"] == "succeeded"
         assert done["observed"] == {"prefill": 3, "decode": 5}
         assert done["completed_at"] is not None
@@ -154,7 +102,7 @@ def test_pin_wait_complete_reads_succeeded(start_planner: Callable[[], PlannerPr
         assert read["created_at"] == created["decision"]["created_at"]
 
         # Acknowledging again is harmless and changes nothing.
-        again = expect(client.post("/decisions/1/complete", headers=ORCH, json=ack), 200, proc)
+        again = acknowledge(client, 1, 3, 5, proc)
         assert again == read
 
         state = expect(client.get("/deployments/demo", headers=VIEWER), 200, proc)
@@ -172,24 +120,10 @@ def test_waiter_is_woken_by_a_pin_and_a_later_pin_supersedes(
     proc = start_planner()
     with httpx.Client(base_url=proc.base_url, timeout=30) as client, ThreadPoolExecutor(1) as pool:
         pin(client, 3, 5, "first", proc)
-        expect(
-            client.post(
-                "/decisions/1/complete",
-                headers=ORCH,
-                json={"status": "succeeded", "observed": {"prefill": 3, "decode": 5}},
-            ),
-            200,
-            proc,
-        )
+        acknowledge(client, 1, 3, 5, proc)
 
         # An orchestrator that has seen decision 1 waits for the next one.
-        held = pool.submit(
-            httpx.get,
-            f"{proc.base_url}/decisions/wait",
-            headers=ORCH,
-            params={"deployment": "demo", "after": 1, "timeout_s": 30},
-            timeout=60,
-        )
+        held = held_wait(pool, proc, 1, 30)
         wait_for_waiters(client, 1, proc)
         assert not held.done()
         second = pin(client, 4, 6, "second", proc)
@@ -214,18 +148,10 @@ def test_waiter_is_woken_by_a_pin_and_a_later_pin_supersedes(
         assert three["status"] == "pending"
         assert (three["num_prefill"], three["num_decode"]) == (5, 7)
 
-        latest = expect(
-            client.get(
-                "/decisions/wait", headers=ORCH, params={"deployment": "demo", "after": 2, "timeout_s": 30}
-            ),
-            200,
-            proc,
-        )
+        latest = next_decision(client, 2, proc, timeout_s=30)
         assert latest == three
         # A stale orchestrator that saw nothing yet also gets the latest decision, not decision 1.
-        from_zero = expect(
-            client.get("/decisions/wait", headers=ORCH, params={"deployment": "demo", "after": 0}), 200, proc
-        )
+        from_zero = next_decision(client, 0, proc)
         assert from_zero == three
 
         # Acknowledging the superseded decision is refused (409) and leaves it superseded.

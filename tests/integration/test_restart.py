@@ -4,7 +4,6 @@ is still handed out by `wait`, and decision ids continue the sequence."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,46 +11,17 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support import PlannerProcess, demo_config, write_config
-
-TOKENS = "viewer:viewer-token-1,orchestrator:orch-token-1,operator:oper-token-1"
-VIEWER = {"Authorization": "Bearer viewer-token-1"}
-ORCH = {"Authorization": "Bearer orch-token-1"}
-OPER = {"Authorization": "Bearer oper-token-1"}
-OPER_NAME = "token:" + hashlib.sha256(b"oper-token-1").hexdigest()[:10]
-
-
-def log_tail(proc: PlannerProcess, lines: int = 60) -> str:
-    if proc.log_path is None or not Path(proc.log_path).exists():
-        return "(no log)"
-    text = Path(proc.log_path).read_text(errors="replace").splitlines()
-    return f"--- {proc.log_path} (last {lines} lines) ---\n" + "\n".join(text[-lines:])
-
-
-def expect(resp: httpx.Response, status: int, proc: PlannerProcess) -> Any:
-    assert resp.status_code == status, (
-        f"{resp.request.method} {resp.request.url} -> {resp.status_code}, expected {status}: {resp.text}\n"
-        + log_tail(proc)
-    )
-    return resp.json() if resp.content else None
-
-
-def pin(client: httpx.Client, prefill: int, decode: int, reason: str, proc: PlannerProcess) -> dict[str, Any]:
-    return expect(
-        client.post(
-            "/override",
-            headers=OPER,
-            json={
-                "deployment": "demo",
-                "action": "pin",
-                "num_prefill": prefill,
-                "num_decode": decode,
-                "reason": reason,
-            },
-        ),
-        201,
-        proc,
-    )
+from tests.support import (
+    OPER_NAME,
+    ORCH,
+    VIEWER,
+    PlannerProcess,
+    acknowledge,
+    expect,
+    next_decision,
+    pin,
+    planner_starter,
+)
 
 
 def snapshot(client: httpx.Client, proc: PlannerProcess) -> dict[str, Any]:
@@ -72,22 +42,8 @@ def snapshot(client: httpx.Client, proc: PlannerProcess) -> dict[str, Any]:
 @pytest.fixture
 def start_planner(db_url: str, tmp_path: Path) -> Iterator[Callable[[], PlannerProcess]]:
     """Start `planner serve` on this test's database (same config every time); all are stopped at teardown."""
-    config = write_config(tmp_path / "planner.yaml", demo_config())
-    procs: list[PlannerProcess] = []
-
-    def start() -> PlannerProcess:
-        proc = PlannerProcess(db_url, config, tokens=TOKENS, log_path=tmp_path / f"planner-{len(procs)}.log")
-        procs.append(proc)
-        try:
-            return proc.start()
-        except RuntimeError as exc:
-            raise AssertionError(f"{exc}\n{log_tail(proc)}") from None
-
-    try:
+    with planner_starter(db_url, tmp_path) as start:
         yield start
-    finally:
-        for proc in procs:
-            proc.stop()
 
 
 def test_sigkill_with_an_unacknowledged_decision_loses_nothing(
@@ -110,13 +66,7 @@ def test_sigkill_with_an_unacknowledged_decision_loses_nothing(
     second = start_planner()
     with httpx.Client(base_url=second.base_url, timeout=30) as client:
         # The orchestrator that saw nothing yet still gets decision 1, exactly as stored.
-        again = expect(
-            client.get(
-                "/decisions/wait", headers=ORCH, params={"deployment": "demo", "after": 0, "timeout_s": 5}
-            ),
-            200,
-            second,
-        )
+        again = next_decision(client, 0, second, timeout_s=5)
         assert again == decision_1
         assert again["status"] == "pending"
         assert again["created_at"] == decision_1["created_at"]
@@ -135,13 +85,7 @@ def test_sigkill_with_an_unacknowledged_decision_loses_nothing(
         one = expect(client.get("/decisions/1", headers=VIEWER), 200, second)
         assert one["status"] == "superseded"
         assert one["created_at"] == decision_1["created_at"]
-        woken = expect(
-            client.get(
-                "/decisions/wait", headers=ORCH, params={"deployment": "demo", "after": 1, "timeout_s": 5}
-            ),
-            200,
-            second,
-        )
+        woken = next_decision(client, 1, second, timeout_s=5)
         assert woken["id"] == 2
         assert woken["status"] == "pending"
 
@@ -156,15 +100,7 @@ def test_sigkill_with_an_unacknowledged_decision_loses_nothing(
             (1, "override.pin", "operator"),
         ]
         # The orchestrator applies decision 2.
-        expect(
-            client.post(
-                "/decisions/2/complete",
-                headers=ORCH,
-                json={"status": "succeeded", "observed": {"prefill": 4, "decode": 6}},
-            ),
-            200,
-            second,
-        )
+        acknowledge(client, 2, 4, 6, second)
         settled = snapshot(client, second)
 
     second.kill()  # a crash while nothing is pending
@@ -185,13 +121,7 @@ def test_sigkill_with_an_unacknowledged_decision_loses_nothing(
         assert created["id"] == 3
         assert created["decision"]["id"] == 3
         assert created["decision_outcome"] == "create: no decision awaits acknowledgement"
-        three = expect(
-            client.get(
-                "/decisions/wait", headers=ORCH, params={"deployment": "demo", "after": 2, "timeout_s": 5}
-            ),
-            200,
-            third,
-        )
+        three = next_decision(client, 2, third, timeout_s=5)
         assert three["id"] == 3
         assert (three["num_prefill"], three["num_decode"], three["status"]) == (2, 2, "pending")
 

@@ -8,7 +8,6 @@ that is not migrated yet.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,49 +19,25 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, text
 
 from app.store.db import alembic_config
-from tests.support import PlannerProcess, PostgresDatabases, demo_config, write_config
+from tests.support import (
+    TOKENS,
+    VIEWER,
+    PlannerProcess,
+    PostgresDatabases,
+    acknowledge,
+    demo_config,
+    expect,
+    held_wait,
+    logs,
+    metric,
+    next_decision,
+    pin,
+    poll,
+    start_or_fail,
+    write_config,
+)
 
 pytestmark = pytest.mark.postgres
-
-TOKENS = "viewer:viewer-token-1,orchestrator:orch-token-1,operator:oper-token-1"
-VIEWER = {"Authorization": "Bearer viewer-token-1"}
-ORCH = {"Authorization": "Bearer orch-token-1"}
-OPER = {"Authorization": "Bearer oper-token-1"}
-
-
-def log_tail(proc: PlannerProcess, lines: int = 60) -> str:
-    if proc.log_path is None or not Path(proc.log_path).exists():
-        return "(no log)"
-    text = Path(proc.log_path).read_text(errors="replace").splitlines()
-    return f"--- {proc.log_path} (last {lines} lines) ---\n" + "\n".join(text[-lines:])
-
-
-def logs(*procs: PlannerProcess) -> str:
-    return "\n".join(log_tail(p) for p in procs)
-
-
-def expect(resp: httpx.Response, status: int, *procs: PlannerProcess) -> Any:
-    assert resp.status_code == status, (
-        f"{resp.request.method} {resp.request.url} -> {resp.status_code}, expected {status}: {resp.text}\n"
-        + logs(*procs)
-    )
-    return resp.json() if resp.content else None
-
-
-def metric(client: httpx.Client, name: str) -> float | None:
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
-
-
-def poll(condition: Callable[[], bool], what: str, *procs: PlannerProcess, steps: int = 400) -> None:
-    """Wait (bounded) until `condition` holds; a wait, not a timing assertion."""
-    for _ in range(steps):
-        if condition():
-            return
-        time.sleep(0.025)
-    raise AssertionError(f"never happened: {what}\n" + logs(*procs))
 
 
 @pytest.fixture
@@ -91,19 +66,12 @@ def planners(pg_dbs: PostgresDatabases, tmp_path: Path) -> Iterator[Callable[...
             pg_dbs.drop(url)
 
 
-def start(proc: PlannerProcess) -> PlannerProcess:
-    try:
-        return proc.start()
-    except RuntimeError as exc:
-        raise AssertionError(f"{exc}\n{log_tail(proc)}") from None
-
-
 def test_pin_through_one_process_wakes_a_waiter_held_by_the_other(
     planners: Callable[..., list[PlannerProcess]],
 ) -> None:
     a, b = planners(2)
-    start(a)
-    start(b)
+    start_or_fail(a)
+    start_or_fail(b)
     with (
         httpx.Client(base_url=a.base_url, timeout=30) as client_a,
         httpx.Client(base_url=b.base_url, timeout=30) as client_b,
@@ -111,33 +79,12 @@ def test_pin_through_one_process_wakes_a_waiter_held_by_the_other(
     ):
         # B's LISTEN connection is up, so a decision stored by A reaches it.
         poll(lambda: metric(client_b, "dynamo_planner_notify_listener_up") == 1.0, "B listening", a, b)
-        held = pool.submit(
-            httpx.get,
-            f"{b.base_url}/decisions/wait",
-            headers=ORCH,
-            params={"deployment": "demo", "after": 0, "timeout_s": 20},
-            timeout=60,
-        )
+        held = held_wait(pool, b, 0, 20)
         poll(lambda: metric(client_b, "dynamo_planner_decision_waiters") == 1.0, "B holds one waiter", a, b)
         assert metric(client_a, "dynamo_planner_decision_waiters") == 0.0
         assert not held.done()
 
-        created = expect(
-            client_a.post(
-                "/override",
-                headers=OPER,
-                json={
-                    "deployment": "demo",
-                    "action": "pin",
-                    "num_prefill": 3,
-                    "num_decode": 5,
-                    "reason": "via A",
-                },
-            ),
-            201,
-            a,
-            b,
-        )
+        created = pin(client_a, 3, 5, "via A", a, b)
         woken = expect(held.result(timeout=60), 200, a, b)
         assert woken == created["decision"]
         assert woken["id"] == 1
@@ -145,51 +92,21 @@ def test_pin_through_one_process_wakes_a_waiter_held_by_the_other(
         assert metric(client_b, "dynamo_planner_decision_waiters") == 0.0
 
         # B acknowledges; A reads the acknowledgement from the shared database.
-        expect(
-            client_b.post(
-                "/decisions/1/complete",
-                headers=ORCH,
-                json={"status": "succeeded", "observed": {"prefill": 3, "decode": 5}},
-            ),
-            200,
-            a,
-            b,
-        )
+        acknowledge(client_b, 1, 3, 5, a, b)
         assert expect(client_a.get("/decisions/1", headers=VIEWER), 200, a, b)["status"] == "succeeded"
 
         # And the other way round: a pin through B reaches a waiter held by A.
-        held = pool.submit(
-            httpx.get,
-            f"{a.base_url}/decisions/wait",
-            headers=ORCH,
-            params={"deployment": "demo", "after": 1, "timeout_s": 20},
-            timeout=60,
-        )
+        held = held_wait(pool, a, 1, 20)
         poll(lambda: metric(client_a, "dynamo_planner_decision_waiters") == 1.0, "A holds one waiter", a, b)
-        expect(
-            client_b.post(
-                "/override",
-                headers=OPER,
-                json={
-                    "deployment": "demo",
-                    "action": "pin",
-                    "num_prefill": 4,
-                    "num_decode": 6,
-                    "reason": "via B",
-                },
-            ),
-            201,
-            a,
-            b,
-        )
+        pin(client_b, 4, 6, "via B", a, b)
         woken = expect(held.result(timeout=60), 200, a, b)
         assert (woken["id"], woken["num_prefill"], woken["num_decode"]) == (2, 4, 6)
 
 
 def test_exactly_one_process_leads_the_worker(planners: Callable[..., list[PlannerProcess]]) -> None:
     a, b = planners(2)
-    start(a)
-    start(b)
+    start_or_fail(a)
+    start_or_fail(b)
     with (
         httpx.Client(base_url=a.base_url, timeout=30) as client_a,
         httpx.Client(base_url=b.base_url, timeout=30) as client_b,
@@ -257,28 +174,6 @@ def test_two_processes_start_at_once_on_an_unmigrated_database(
         httpx.Client(base_url=a.base_url, timeout=30) as client_a,
         httpx.Client(base_url=b.base_url) as client_b,
     ):
-        expect(
-            client_a.post(
-                "/override",
-                headers=OPER,
-                json={
-                    "deployment": "demo",
-                    "action": "pin",
-                    "num_prefill": 1,
-                    "num_decode": 1,
-                    "reason": "up",
-                },
-            ),
-            201,
-            a,
-            b,
-        )
-        got = expect(
-            client_b.get(
-                "/decisions/wait", headers=ORCH, params={"deployment": "demo", "after": 0, "timeout_s": 5}
-            ),
-            200,
-            a,
-            b,
-        )
+        pin(client_a, 1, 1, "up", a, b)
+        got = next_decision(client_b, 0, a, b, timeout_s=5)
         assert got["id"] == 1
