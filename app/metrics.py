@@ -63,11 +63,17 @@ class PlannerMetrics:
         self.waiters = Gauge(
             "dynamo_planner_decision_waiters", "Requests held in GET /decisions/wait", registry=r
         )
-        self.notify_connected = Gauge(
-            "dynamo_planner_notify_listener_up",
-            "1 while the PostgreSQL LISTEN connection for cross-process wake-ups is up",
-            registry=r,
-        )
+        # Only on PostgreSQL, where a listener exists: a constant 0 on SQLite would read as an outage.
+        self.notify_connected: Gauge | None = None
+
+    def add_notify_gauge(self) -> Gauge:
+        if self.notify_connected is None:
+            self.notify_connected = Gauge(
+                "dynamo_planner_notify_listener_up",
+                "1 while the PostgreSQL LISTEN connection for cross-process wake-ups is up",
+                registry=self.registry,
+            )
+        return self.notify_connected
 
     def observe_decision(self, deployment: str, replicas: dict[str, int], status: str) -> None:
         for role, count in replicas.items():

@@ -146,7 +146,7 @@ class PgDecisionListener:
         self._hub = hub
         self._sf = session_factory
         self._deployments = deployments
-        self._metrics = metrics
+        self._up_gauge = metrics.add_notify_gauge()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pg-decision-listener", daemon=True)
         self.connected = threading.Event()
@@ -166,7 +166,7 @@ class PgDecisionListener:
                 with psycopg.connect(self._conninfo, autocommit=True) as conn:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     self.connected.set()
-                    self._metrics.notify_connected.set(1)
+                    self._up_gauge.set(1)
                     self.last_error = None
                     backoff_s = 0.5
                     self._hub.refresh(self._deployments)
@@ -178,7 +178,7 @@ class PgDecisionListener:
                 log.warning("decision listener lost its connection (%s); retrying in %.1f s", exc, backoff_s)
             finally:
                 self.connected.clear()
-                self._metrics.notify_connected.set(0)
+                self._up_gauge.set(0)
             self._stop.wait(backoff_s)
             backoff_s = min(backoff_s * 2, 10.0)
 
