@@ -67,7 +67,24 @@ class NoneConnectorConfig(_Strict):
     ack_timeout_s: float = Field(default=1800.0, gt=0)
 
 
-ConnectorConfig = Annotated[VirtualConnectorConfig | NoneConnectorConfig, Field(discriminator="type")]
+class KubernetesConnectorConfig(_Strict):
+    """Scale a Dynamo DynamoGraphDeployment (DGD); see docs/kubernetes.md."""
+
+    type: Literal["kubernetes"]
+    dgd_name: str = Field(min_length=1, max_length=253)
+    # Default: the namespace of the planner's service account, else "default".
+    namespace: str | None = None
+    # Default: in-cluster configuration, else the usual kubeconfig.
+    kubeconfig: str | None = None
+    # An explicit API server URL (and bearer token file), e.g. for a local stand-in or a proxy.
+    api_server: str | None = None
+    token_file: str | None = None
+    ack_timeout_s: float = Field(default=1800.0, gt=0)
+
+
+ConnectorConfig = Annotated[
+    VirtualConnectorConfig | NoneConnectorConfig | KubernetesConnectorConfig, Field(discriminator="type")
+]
 
 
 class PredictorConfig(_Strict):

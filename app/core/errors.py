@@ -32,3 +32,27 @@ class InvalidInputError(PlannerError):
         super().__init__(f"{field}: {detail}")
         self.field = field
         self.detail = detail
+
+
+class SourceUnavailableError(PlannerError):
+    """A metric source did not answer, or answered something unusable; `reason` says which."""
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(f"{source}: {reason}")
+        self.source = source
+        self.reason = reason
+
+
+class ConnectorError(PlannerError):
+    """The cluster could not be read or changed (deployment missing, no permission, conflict)."""
+
+
+class ProfileError(PlannerError):
+    """A profiling data file is missing, malformed or out of range; names the file and key."""
+
+    def __init__(self, path: str, key: str | None, reason: str) -> None:
+        where = f"{path}: {key}" if key else path
+        super().__init__(f"{where}: {reason}")
+        self.path = path
+        self.key = key
+        self.reason = reason

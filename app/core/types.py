@@ -123,3 +123,34 @@ class TickResult:
     @property
     def reasons(self) -> list[str]:
         return [f"{s.name}: {s.reason}" for s in self.stages]
+
+
+@dataclass(frozen=True)
+class TrafficObservation:
+    """What the frontend served over one interval, from Prometheus or a direct scrape.
+
+    `num_req` is a count over `duration_s` (not a rate). Any field may be None: unknown is
+    never the same as zero traffic, and the tick says so instead of scaling to zero."""
+
+    duration_s: float
+    num_req: float | None
+    isl: float | None  # mean input tokens per request
+    osl: float | None  # mean output tokens per request
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+    request_duration_s: float | None = None
+
+    @property
+    def complete(self) -> bool:
+        values = (self.num_req, self.isl, self.osl, self.ttft_ms, self.itl_ms)
+        return all(v is not None and v == v for v in values)  # v == v is False for NaN
+
+
+@dataclass(frozen=True)
+class TrafficForecast:
+    """The predicted load of the next interval, and what the predictors had to say about it."""
+
+    num_req: float
+    isl: float
+    osl: float
+    notes: tuple[str, ...] = ()

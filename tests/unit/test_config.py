@@ -138,10 +138,16 @@ BAD_FILE_CASES = [
         ["deployments:", "'demo' appears twice"],
     ),
     BadFileCase(
-        "kubernetes_connector",
-        "only virtual and none exist in this build",
+        "kubernetes_connector_without_dgd",
+        "the Kubernetes connector must be told which DynamoGraphDeployment it scales",
         _mutated(_set("connector", {"type": "kubernetes"})),
-        ["deployments[0].connector:", "'kubernetes'", "'virtual', 'none'"],
+        ["deployments[0].connector.kubernetes.dgd_name:", "Field required"],
+    ),
+    BadFileCase(
+        "unknown_connector",
+        "connectors are virtual, none and kubernetes",
+        _mutated(_set("connector", {"type": "slurm"})),
+        ["deployments[0].connector:", "'slurm'", "'virtual', 'none', 'kubernetes'"],
     ),
     BadFileCase(
         "connector_typo",
