@@ -93,6 +93,107 @@ def cmd_openapi(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+# --- planner plan: the what-if calculation ------------------------------------------------------
+
+DEFAULT_PROFILE = REPO_ROOT / "data" / "profiles" / "h200-llama3.1-8b-fp8"
+
+
+def _number(*, minimum: float, inclusive: bool, integer: bool = False):  # type: ignore[no-untyped-def]
+    """An argparse type: a finite number above (or at) `minimum`, with a message naming the rule."""
+    import math
+
+    rule = f"{'>=' if inclusive else '>'} {minimum:g}"
+    kind = "an integer" if integer else "a number"
+
+    def parse(text: str) -> float | int:
+        try:
+            value: float | int = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {kind} {rule}, got {text!r}") from None
+        if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+            raise argparse.ArgumentTypeError(f"must be {kind} {rule}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _one_line_error(message: str) -> None:
+    # argparse's own errors print the usage first; here a bad flag is one line naming it.
+    print(f"planner: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def cmd_plan(settings: Settings, args: argparse.Namespace) -> int:
+    from app.core.errors import ProfileError
+    from app.core.interpolation import PerfModel
+    from app.core.replicas import plan_replicas
+    from app.sources.profile_files import load_profile
+
+    try:
+        model = PerfModel.from_profile(load_profile(args.profile))
+    except ProfileError as exc:
+        return _fail(f"--profile: {exc}")
+    # A rate: the formula's num_req / interval_s with a one-second interval.
+    plan = plan_replicas(
+        model=model,
+        num_req=args.rps,
+        interval_s=1.0,
+        isl_tokens=args.isl,
+        osl_tokens=args.osl,
+        itl_target_ms=args.itl_ms,
+        prefill_gpus=args.prefill_gpus,
+        decode_gpus=args.decode_gpus,
+        min_replicas=args.min_replicas,
+    )
+    result = {
+        "profile": str(args.profile),
+        "rps": args.rps,
+        "isl": args.isl,
+        "osl": args.osl,
+        "ttft_ms": args.ttft_ms,
+        "itl_ms": args.itl_ms,
+        "prefill_gpus": args.prefill_gpus,
+        "decode_gpus": args.decode_gpus,
+        "min_replicas": args.min_replicas,
+        "num_prefill": plan.num_prefill,
+        "num_decode": plan.num_decode,
+        "prefill_thpt_per_gpu": plan.prefill_thpt_per_gpu,
+        "decode_thpt_per_gpu": plan.decode_thpt_per_gpu,
+        "expected_ttft_ms": plan.expected_ttft_ms,
+        "expected_itl_ms": plan.expected_itl_ms,
+        "decode_kv_usage": plan.decode_kv_usage,
+        "decode_context_tokens": plan.decode_context_tokens,
+        "ttft_met": plan.expected_ttft_ms <= args.ttft_ms,
+        "itl_met": plan.expected_itl_ms <= args.itl_ms,
+        "prefill_reason": plan.prefill_reason,
+        "decode_reason": plan.decode_reason,
+    }
+    if args.json:
+        print(json.dumps(result))
+        return 0
+
+    def verdict(met: bool) -> str:
+        return "meets" if met else "MISSES"
+
+    print(f"profile  {args.profile}")
+    print(f"load     {args.rps:g} req/s, ISL {args.isl:g}, OSL {args.osl:g} tokens")
+    print()
+    print(f"{'role':<8} {'replicas':>8} {'GPUs/engine':>11} {'tok/s/GPU':>10}  expected latency")
+    print(
+        f"{'prefill':<8} {plan.num_prefill:>8} {args.prefill_gpus:>11} {plan.prefill_thpt_per_gpu:>10.1f}"
+        f"  TTFT {plan.expected_ttft_ms:.1f} ms ({verdict(result['ttft_met'])} {args.ttft_ms:g} ms)"
+    )
+    print(
+        f"{'decode':<8} {plan.num_decode:>8} {args.decode_gpus:>11} {plan.decode_thpt_per_gpu:>10.1f}"
+        f"  ITL {plan.expected_itl_ms:.1f} ms ({verdict(result['itl_met'])} {args.itl_ms:g} ms)"
+        f" at {plan.decode_kv_usage:.0%} KV usage"
+    )
+    print()
+    print(f"prefill: {plan.prefill_reason}")
+    print(f"decode: {plan.decode_reason}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="planner", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -109,6 +210,29 @@ def build_parser() -> argparse.ArgumentParser:
     openapi.add_argument("--check", action="store_true", help="fail if the committed file differs")
     openapi.add_argument("--output", default=str(OPENAPI_PATH))
     openapi.set_defaults(func=cmd_openapi)
+
+    plan = sub.add_parser(
+        "plan",
+        help="what-if: the replicas the throughput formula gives for a profile and a load",
+        description="Prefill and decode replicas for a steady load, from a profile's interpolated "
+        "throughput (the throughput formula of the planner, before bounds, budget and overrides).",
+    )
+    plan.error = _one_line_error  # type: ignore[method-assign]
+    plan.add_argument(
+        "--profile", default=str(DEFAULT_PROFILE), help="profile directory (default: %(default)s)"
+    )
+    positive = _number(minimum=0, inclusive=False)
+    plan.add_argument("--rps", required=True, type=_number(minimum=0, inclusive=True), help="requests/s")
+    plan.add_argument("--isl", required=True, type=positive, help="mean input tokens per request")
+    plan.add_argument("--osl", required=True, type=positive, help="mean output tokens per request")
+    plan.add_argument("--ttft-ms", required=True, type=positive, help="TTFT target (ms)")
+    plan.add_argument("--itl-ms", required=True, type=positive, help="ITL target (ms)")
+    gpus = _number(minimum=1, inclusive=True, integer=True)
+    plan.add_argument("--prefill-gpus", type=gpus, default=1, help="GPUs per prefill engine")
+    plan.add_argument("--decode-gpus", type=gpus, default=1, help="GPUs per decode engine")
+    plan.add_argument("--min-replicas", type=_number(minimum=0, inclusive=True, integer=True), default=1)
+    plan.add_argument("--json", action="store_true", help="print one JSON object")
+    plan.set_defaults(func=cmd_plan)
     return parser
 
 

@@ -219,6 +219,8 @@ class Settings(BaseSettings):
     api_tokens_file: str | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"] = "INFO"
     apply_migrations: bool = True
+    # Folders POST /plan may read profiles from (comma-separated), besides configured profiles.
+    profile_roots: str = str(REPO_ROOT / "data" / "profiles")
 
     @field_validator("database_url")
     @classmethod

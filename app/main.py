@@ -7,14 +7,16 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
+import httpx
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from app import __version__
 from app.api.convert import encode_decision
 from app.api.errors import install_error_handlers
-from app.api.routes import decisions, diagnostics, health, overrides
+from app.api.routes import decisions, diagnostics, health, overrides, plan
 from app.api.routes import deployments as deployment_routes
 from app.config import DeploymentsFile, Settings, load_deployments
 from app.connectors.virtual import DecisionHub, PgDecisionListener
@@ -23,6 +25,7 @@ from app.store.db import is_postgres, make_engine, make_session_factory
 from app.store.decisions import ensure_deployments
 from app.workers.clock import Clock, SystemClock
 from app.workers.loop import DeploymentWorker, process_identity
+from app.workers.resources import build_model_resources, make_connector, make_source
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +42,14 @@ def create_app(
     clock: Clock | None = None,
     run_workers: bool = True,
 ) -> FastAPI:
-    deployments = deployments if deployments is not None else load_deployments(settings.config)
+    if deployments is None:
+        deployments = load_deployments(settings.config)
+        base_dir = Path(settings.config).resolve().parent
+    else:
+        base_dir = Path.cwd()
     metrics = PlannerMetrics()
+    # Profiles and warm-up traces load here, so a broken file stops start-up with one line.
+    model_resources = {d.name: build_model_resources(d, base_dir=base_dir) for d in deployments.deployments}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -56,6 +65,7 @@ def create_app(
             listener = PgDecisionListener(settings.database_url, hub, session_factory, names, metrics)
             listener.start()
         holder = process_identity()
+        http = httpx.AsyncClient(timeout=httpx.Timeout(10.0))
         workers = {
             d.name: DeploymentWorker(
                 config=d,
@@ -64,9 +74,14 @@ def create_app(
                 metrics=metrics,
                 clock=app.state.clock,
                 holder=holder,
+                resources=model_resources[d.name],
+                source=make_source(d, http),
+                connector=make_connector(d),
             )
             for d in deployments.deployments
         }
+        for name, worker in workers.items():
+            hub.subscribe(name, worker.on_decision_stored)
         app.state.engine = engine
         app.state.session_factory = session_factory
         app.state.hub = hub
@@ -83,6 +98,7 @@ def create_app(
                 await worker.stop()
             if listener is not None:
                 await asyncio.to_thread(listener.stop)
+            await http.aclose()
             engine.dispose()
 
     app = FastAPI(
@@ -97,7 +113,10 @@ def create_app(
     app.state.tokens = settings.tokens()
     app.state.clock = clock or SystemClock()
     app.state.metrics = metrics
+    app.state.profile_roots = [Path(p).resolve() for p in settings.profile_roots.split(",") if p.strip()] + [
+        (base_dir / d.profile).resolve() for d in deployments.deployments if d.profile
+    ]
     install_error_handlers(app)
-    for module in (health, deployment_routes, decisions, diagnostics, overrides):
+    for module in (health, deployment_routes, decisions, diagnostics, overrides, plan):
         app.include_router(module.router)
     return app

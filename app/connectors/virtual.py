@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import psycopg
 from sqlalchemy.engine import make_url
@@ -49,6 +49,8 @@ class DecisionHub:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._latest: dict[str, tuple[int, bytes]] = {}
         self._events: dict[str, asyncio.Event] = {}
+        self._subscribers: dict[str, list[Callable[[int], Awaitable[None]]]] = {}
+        self._callbacks: set[asyncio.Future[None]] = set()
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -68,6 +70,19 @@ class DecisionHub:
         old = self._events.pop(deployment, None)
         if old is not None:
             old.set()
+        for callback in self._subscribers.get(deployment, ()):
+            task = asyncio.ensure_future(callback(decision_id))
+            self._callbacks.add(task)
+            task.add_done_callback(self._callback_done)
+
+    def subscribe(self, deployment: str, callback: Callable[[int], Awaitable[None]]) -> None:
+        """Call `callback(decision_id)` on the event loop for every new decision of `deployment`."""
+        self._subscribers.setdefault(deployment, []).append(callback)
+
+    def _callback_done(self, task: asyncio.Future[None]) -> None:
+        self._callbacks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("decision subscriber failed: %s", task.exception())
 
     def announce(self, decision: Decision) -> None:
         """From a writer's thread, after its commit: log, export and wake the waiters."""

@@ -47,6 +47,10 @@ class ConnectorError(PlannerError):
     """The cluster could not be read or changed (deployment missing, no permission, conflict)."""
 
 
+class ConnectorNotReadyError(ConnectorError):
+    """The cluster cannot take a change right now (e.g. the DGD is not Ready); try again later."""
+
+
 class ProfileError(PlannerError):
     """A profiling data file is missing, malformed or out of range; names the file and key."""
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from app.core.throughput import ThroughputInput, ThroughputSettings
 
 Mode = Literal["disagg", "agg", "prefill", "decode"]
 Role = Literal["prefill", "decode", "workers"]
@@ -87,14 +90,19 @@ class DecisionView:
 
 @dataclass(frozen=True)
 class TickSnapshot:
-    """Everything one tick may look at. Scaling algorithms will add observations here."""
+    """Everything one tick may look at."""
 
     deployment: str
     roles: tuple[Role, ...]
     config_bounds: dict[Role, RoleBounds]
     overrides: ActiveOverrides
     latest_decision: DecisionView | None
-    # What the algorithms proposed, before overrides and bounds; None = no opinion.
+    # Throughput scaling's inputs, when it is enabled (None: disabled).
+    throughput: ThroughputInput | None = None
+    throughput_settings: ThroughputSettings | None = None
+    gpus_per_engine: dict[Role, int] = field(default_factory=dict)
+    budget_gpus: int | None = None
+    # A proposal made elsewhere (tests, later algorithms); None = no opinion.
     proposal: Replicas | None = None
     proposal_source: DecisionSource | None = None
 

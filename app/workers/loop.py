@@ -1,8 +1,10 @@
-"""One worker loop per deployment: every tick, snapshot -> core -> persist -> announce.
+"""One worker loop per deployment: every tick, observe -> predict -> decide -> persist -> actuate.
 
-A tick is a plain synchronous function of `now`, so tests call it directly; `run` only schedules
-it on the injected clock. Several planner processes may share a database: a lease in the
-deployment's state row makes sure only one of them ticks a given deployment.
+`run_tick` gathers what the core needs (the traffic of the last interval, the forecast, ready
+counts) and calls `tick`, a plain synchronous function of `now` and those inputs, so tests call
+it directly; `run` only schedules it on the injected clock, after the deployment's source answers
+and its connector validates it (no fixed sleep). Several planner processes may share a database:
+a lease in the deployment's state row makes sure only one of them ticks a given deployment.
 """
 
 from __future__ import annotations
@@ -19,15 +21,20 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.attributes import flag_modified
 
 from app.config import DeploymentConfig
+from app.connectors.base import Connector
 from app.connectors.virtual import DecisionHub
+from app.core.errors import ConnectorError, ConnectorNotReadyError, SourceUnavailableError
+from app.core.throughput import ThroughputInput, ThroughputSettings
 from app.core.tick import on_tick
-from app.core.types import TickSnapshot
+from app.core.types import DecisionStatus, Role, TickSnapshot
 from app.metrics import PlannerMetrics
+from app.sources.traffic import TrafficSource
 from app.store import decisions as decision_store
 from app.store import ticks as tick_store
 from app.store.models import Decision
 from app.store.overrides import active_overrides
 from app.workers.clock import Clock
+from app.workers.resources import ModelResources
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +42,8 @@ log = logging.getLogger(__name__)
 # so a planner that dies (even SIGKILLed) hands its deployments over within LEASE_TTL_S.
 LEASE_TTL_S = 30.0
 LEASE_RENEW_S = 10.0
+# While the source or the connector is not ready, ask again this often.
+STARTUP_RETRY_S = 5.0
 
 
 def process_identity() -> str:
@@ -44,7 +53,8 @@ def process_identity() -> str:
 @dataclass(frozen=True)
 class TickReport:
     tick_id: int
-    decision: Decision | None
+    decision: Decision | None  # created by this tick
+    pending: Decision | None  # the latest decision if it still awaits its outcome (new or older)
     summary: str
 
 
@@ -58,8 +68,22 @@ class DeploymentWorker:
         metrics: PlannerMetrics,
         clock: Clock,
         holder: str,
+        resources: ModelResources | None = None,
+        source: TrafficSource | None = None,
+        connector: Connector | None = None,
     ) -> None:
         self.config = config
+        self.resources = resources or ModelResources(None, "no profile configured", None, 0)
+        self.source = source
+        self.connector = connector
+        self.gpus_per_engine: dict[Role, int] = {r: config.role(r).gpus_per_engine for r in config.roles}
+        # Empty once the source answers and the connector validated the deployment.
+        self.startup_problems: list[str] = []
+        # The last observation's failure, if it failed: /readyz shows it until one succeeds.
+        self.source_error: str | None = None
+        self._actuations: set[asyncio.Task[None]] = set()
+        # Decision ids handed to the connector and not yet settled, so none goes out twice.
+        self._actuating: set[int] = set()
         self._sf = session_factory
         self._hub = hub
         self._metrics = metrics
@@ -76,8 +100,9 @@ class DeploymentWorker:
     def interval_s(self) -> float:
         return self.config.tick_interval_s
 
-    def tick(self, now: datetime) -> TickReport | None:
-        """Run one tick at `now`; None when another process holds this deployment's lease."""
+    def tick(self, now: datetime, throughput: ThroughputInput | None = None) -> TickReport | None:
+        """Decide and persist one tick at `now` from inputs already gathered; None when another
+        process holds this deployment's lease."""
         name = self.config.name
         if not self.renew_lease(now):
             return None
@@ -96,6 +121,10 @@ class DeploymentWorker:
                 config_bounds=self.config.bounds(),
                 overrides=overrides,
                 latest_decision=decision_store.view_of(latest) if latest else None,
+                throughput=throughput,
+                throughput_settings=self._throughput_settings() if throughput is not None else None,
+                gpus_per_engine=self.gpus_per_engine,
+                budget_gpus=self.config.gpu_budget,
             )
             result = on_tick(snapshot, now)
             record = dict(result.diagnostics)
@@ -130,9 +159,157 @@ class DeploymentWorker:
             self._hub.announce(decision)
         self._metrics.paused.labels(name).set(1 if overrides.paused else 0)
         self._metrics.ticks.labels(name).inc()
-        summary = f"[{name}] tick {tick.id}: {verdict}"
+        throughput_state = record.get("throughput")
+        throughput_note = (
+            f"throughput {throughput_state['reason']}: {throughput_state['detail']}"
+            if throughput_state
+            else "throughput off"
+        )
+        summary = f"[{name}] tick {tick.id}: target {result.target}; {throughput_note}; {verdict}"
         log.info(summary)
-        return TickReport(tick.id, decision, summary)
+        pending = decision or (
+            latest if latest is not None and latest.status == DecisionStatus.PENDING else None
+        )
+        return TickReport(tick.id, decision, pending, summary)
+
+    def _throughput_settings(self) -> ThroughputSettings:
+        return ThroughputSettings(
+            interval_s=self.config.throughput.interval_s,
+            itl_target_ms=self.config.sla.itl_ms,
+            correction=self.config.throughput.correction,
+            gpus_per_engine=self.gpus_per_engine,
+        )
+
+    async def gather_throughput(self) -> ThroughputInput:
+        """Observe the last interval, feed the predictors, forecast the next one."""
+        observation, error = None, None
+        if self.source is None:
+            error = "no traffic source configured (sources.prometheus or sources.frontend_url)"
+        else:
+            try:
+                observation = await self.source.observe(self.config.throughput.interval_s)
+            except SourceUnavailableError as exc:
+                error = str(exc)
+            self.source_error = error
+        predictor = self.resources.predictor
+        forecast = None
+        if observation is not None and predictor is not None:
+            # Model fits (ARIMA, Prophet) take CPU time: keep them off the event loop.
+            await asyncio.to_thread(predictor.observe, observation)
+            forecast = await asyncio.to_thread(predictor.forecast)
+        return ThroughputInput(
+            observation=observation,
+            observation_error=error,
+            forecast=forecast,
+            model=self.resources.model,
+            model_error=self.resources.model_error,
+            decode_engines=await self._decode_engines(),
+        )
+
+    async def _decode_engines(self) -> int | None:
+        if self.connector is not None:
+            try:
+                counts = await self.connector.ready_counts()
+            except ConnectorError as exc:
+                log.warning("[%s] ready counts unavailable: %s", self.config.name, exc)
+                counts = None
+            return counts.get("decode") if counts else None
+        with self._sf() as session:
+            confirmed = decision_store.last_acknowledged(session, self.config.name)
+        observed = (confirmed.observed or decision_store.replicas_of(confirmed)) if confirmed else {}
+        return observed.get("decode")
+
+    async def run_tick(self, now: datetime) -> TickReport | None:
+        throughput = await self.gather_throughput() if self.config.throughput.enabled else None
+        report = await asyncio.to_thread(self.tick, now, throughput)
+        if report is not None and report.pending is not None:
+            # Also a pending decision from an earlier tick or a pin (the cluster was not Ready).
+            self.actuate(report.pending)
+        return report
+
+    def actuate(self, decision: Decision) -> None:
+        """Hand a pending decision to the connector in the background, once; virtual and none
+        deployments have no connector (the orchestrator, or nobody, acknowledges)."""
+        if self.connector is None or not self.is_leader or decision.decision_id in self._actuating:
+            return
+        self._actuating.add(decision.decision_id)
+        task = asyncio.create_task(self._actuate(decision))
+        self._actuations.add(task)
+        task.add_done_callback(self._actuations.discard)
+
+    async def on_decision_stored(self, decision_id: int) -> None:
+        """A decision was stored outside the tick (an operator pin): actuate it now, not at
+        the next tick."""
+        if self.connector is None or not self.is_leader:
+            return
+
+        def load() -> Decision:
+            with self._sf() as session:
+                return decision_store.get_decision_or_raise(session, self.config.name, decision_id)
+
+        decision = await asyncio.to_thread(load)
+        if decision.status == DecisionStatus.PENDING:
+            self.actuate(decision)
+
+    async def _actuate(self, decision: Decision) -> None:
+        """Hand a decision to the cluster; its outcome is the decision's acknowledgement."""
+        replicas = decision_store.replicas_of(decision)
+        try:
+            await self.connector.set_replicas(replicas)  # type: ignore[union-attr]
+            status, message = (
+                DecisionStatus.SUCCEEDED,
+                f"{self.config.connector.type}: replicas set to {replicas}",
+            )
+        except ConnectorNotReadyError as exc:
+            # Stays pending; the next tick hands it over again.
+            log.info("[%s] decision %d waits: %s", self.config.name, decision.decision_id, exc)
+            self._actuating.discard(decision.decision_id)
+            return
+        except ConnectorError as exc:
+            status, message = DecisionStatus.FAILED, f"{self.config.connector.type}: {exc}"
+        log.info("[%s] decision %d %s: %s", self.config.name, decision.decision_id, status, message)
+        now = self._clock.now()
+
+        def record() -> None:
+            with self._sf() as session, session.begin():
+                decision_store.complete_decision(
+                    session,
+                    deployment=self.config.name,
+                    decision_id=decision.decision_id,
+                    status=status,
+                    observed=replicas if status == DecisionStatus.SUCCEEDED else None,
+                    message=message,
+                    actor_role="connector",
+                    now=now,
+                )
+
+        await asyncio.to_thread(record)
+        self._actuating.discard(decision.decision_id)
+
+    async def wait_until_ready(self) -> None:
+        """Block until the traffic source answers and the connector validates the deployment,
+        asking again every STARTUP_RETRY_S; `startup_problems` says what is still missing."""
+        while True:
+            problems: list[str] = []
+            if self.source is not None:
+                try:
+                    await self.source.check()
+                except SourceUnavailableError as exc:
+                    problems.append(f"traffic source not answering: {exc}")
+            if self.connector is not None:
+                try:
+                    await self.connector.validate()
+                    declared = await self.connector.gpus_per_engine()
+                    for role, gpus in (declared or {}).items():
+                        if gpus and role in self.gpus_per_engine:
+                            self.gpus_per_engine[role] = gpus
+                except ConnectorError as exc:
+                    problems.append(f"connector: {exc}")
+            self.startup_problems = problems
+            if not problems:
+                return
+            log.warning("[%s] waiting to start: %s", self.config.name, "; ".join(problems))
+            await self._clock.sleep_until(self._clock.now() + timedelta(seconds=STARTUP_RETRY_S))
 
     def renew_lease(self, now: datetime) -> bool:
         """Take or keep the right to tick this deployment; False while another process has it."""
@@ -144,6 +321,7 @@ class DeploymentWorker:
         return self.is_leader
 
     async def run(self) -> None:
+        await self.wait_until_ready()
         interval = timedelta(seconds=self.interval_s)
         next_tick = next_lease = self._clock.now()
         while True:
@@ -160,7 +338,7 @@ class DeploymentWorker:
                     if next_tick <= now:  # fell behind: skip the missed ticks rather than burst
                         next_tick = now + interval
                     if self.is_leader:
-                        await asyncio.to_thread(self.tick, now)
+                        await self.run_tick(now)
                         self.last_tick_at = now
                 self.last_error = None
                 self.consecutive_failures = 0

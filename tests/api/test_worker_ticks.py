@@ -35,8 +35,8 @@ async def test_each_tick_writes_one_diagnostics_record(make_api):
     first = records[0]
     assert (first["deployment"], first["decision_id"]) == ("demo", None)
     record = first["record"]
-    assert [s["stage"] for s in record["stages"]] == ["proposal", "pause", "pin", "bounds"]
-    assert [s["replicas"] for s in record["stages"]] == [None, None, None, None]
+    assert [s["stage"] for s in record["stages"]] == ["proposal", "pause", "pin", "bounds", "budget"]
+    assert [s["replicas"] for s in record["stages"]] == [None, None, None, None, None]
     assert record["stages"][0]["reason"] == NO_POLICY_REASON
     assert (record["verdict"], record["target"], record["decision_id"]) == ("hold: no target", None, None)
     assert record["bounds"] == {"prefill": {"min": 1, "max": 8}, "decode": {"min": 1, "max": 8}}

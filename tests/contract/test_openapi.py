@@ -26,6 +26,7 @@ EXPECTED_OPERATION_IDS = {
     "list_overrides",
     "delete_override",
     "list_audit",
+    "plan",
 }
 
 

@@ -272,10 +272,12 @@ async def test_a_tick_decides_when_new_bounds_clamp_the_pin(db_url: str) -> None
         assert decision.created_at == T0 + timedelta(seconds=INTERVAL_S)
         assert decision.override_id == pin.id
         assert decision.reasons == [
-            "proposal: no automatic scaling policy in this build; targets come only from operator pins",
+            # The demo deployment has throughput scaling on but no profile: the loop says so.
+            "proposal: throughput model_not_ready: no profile configured",
             "pause: not paused",
             f"pin: pinned by override #{pin.id}",
             "bounds: prefill 3 -> 2 (min 1, max 2)",
+            "budget: no GPU budget",
             "protocol: no decision awaits acknowledgement",
         ]
 

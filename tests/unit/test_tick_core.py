@@ -430,8 +430,11 @@ TICK_CASES = [
 def test_on_tick(case: TickCase) -> None:
     result = on_tick(case.snapshot, T0)
     assert (result.target, result.source) == (case.target, case.source), case.why
-    assert result.reasons == case.reasons, case.why
-    assert [s["stage"] for s in result.diagnostics["stages"]] == ["proposal", "pause", "pin", "bounds"]
+    # No GPU budget in these snapshots: the budget stage passes the bounded target through.
+    budget = "budget: no target" if case.target is None else "budget: no GPU budget"
+    assert result.reasons == [*case.reasons, budget], case.why
+    stages = [s["stage"] for s in result.diagnostics["stages"]]
+    assert stages == ["proposal", "pause", "pin", "bounds", "budget"]
     assert result.diagnostics["target"] == case.target
 
 
@@ -476,8 +479,10 @@ def test_on_tick_diagnostics_record() -> None:
                 "replicas": {"prefill": 3, "decode": 10},
                 "reason": "decode 12 -> 10 (min 1, max 10)",
             },
+            {"stage": "budget", "replicas": {"prefill": 3, "decode": 10}, "reason": "no GPU budget"},
         ],
         "target": {"prefill": 3, "decode": 10},
+        "throughput": None,
     }
     assert result.target == {"prefill": 3, "decode": 10}
     assert result.source == SRC.OVERRIDE
@@ -497,3 +502,24 @@ def test_on_tick_does_not_mutate_the_snapshot() -> None:
     on_tick(snapshot(proposal=proposal, proposal_source=SRC.THROUGHPUT), T0)
     on_tick(snapshot(ActiveOverrides(pin_id=1, pin=pin)), T0)
     assert (proposal, pin) == ({"prefill": 0, "decode": 20}, {"prefill": 0, "decode": 20})
+
+
+def test_budget_limits_the_bounded_target() -> None:
+    """The GPU budget is the last stage: it caps pins and proposals alike."""
+    result = on_tick(
+        TickSnapshot(
+            deployment="demo",
+            roles=("prefill", "decode"),
+            config_bounds={"prefill": RoleBounds(1, 8), "decode": RoleBounds(1, 8)},
+            overrides=ActiveOverrides(),
+            latest_decision=None,
+            gpus_per_engine={"prefill": 2, "decode": 1},
+            budget_gpus=6,
+            proposal={"prefill": 3, "decode": 2},
+            proposal_source=SRC.THROUGHPUT,
+        ),
+        T0,
+    )
+    # 3*2 + 2 = 8 GPUs into 6: P = max(1, min((6-1)//2, floor(3*6/8))) = 2, D = min(2, (6-4)//1) = 2
+    assert result.target == {"prefill": 2, "decode": 2}
+    assert result.reasons[-1] == "budget: 8 GPUs over the budget of 6: prefill 3 -> 2 (6 GPUs)"

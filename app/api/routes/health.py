@@ -33,7 +33,9 @@ def readyz(request: Request) -> JSONResponse:
     problems: dict[str, list[str]] = {}
     listener = state.listener
     for name, worker in state.workers.items():
-        reasons = []
+        reasons = list(worker.startup_problems)
+        if worker.source_error:
+            reasons.append(f"traffic source failing: {worker.source_error}")
         if not worker.running:
             reasons.append("worker loop is not running")
         if worker.last_error:

@@ -53,6 +53,17 @@ def _pin_params(body: PinIn, config: DeploymentConfig, active: ActiveOverrides) 
     return params
 
 
+def _check_budget(params: dict[str, int], config: DeploymentConfig, gpus_per_engine: dict[str, int]) -> None:
+    """The GPU budget caps every decision; a pin beyond it is refused rather than silently cut."""
+    if config.gpu_budget is None:
+        return
+    used = sum(count * gpus_per_engine.get(role, 1) for role, count in params.items())
+    if used > config.gpu_budget:
+        raise InvalidInputError(
+            "body", f"the pin needs {used} GPUs; the deployment's gpu_budget is {config.gpu_budget}"
+        )
+
+
 def _bounds_params(body: BoundsIn, config: DeploymentConfig) -> dict[str, int]:
     params: dict[str, int] = {}
     for role in ALL_ROLES:
@@ -100,6 +111,7 @@ def create_override(
     active = store.active_overrides(session, config.name, now)
     if isinstance(body, PinIn):
         params = _pin_params(body, config, active)
+        _check_budget(params, config, request.app.state.workers[config.name].gpus_per_engine)
     elif isinstance(body, BoundsIn):
         params = _bounds_params(body, config)
     else:

@@ -1,0 +1,534 @@
+"""The Kubernetes connector: scale a Dynamo DynamoGraphDeployment (DGD).
+
+What it reads and writes (field names as Dynamo's operator, `nvidia.com/v1alpha1`):
+
+- the DGD `dynamographdeployments/<dgd_name>`: `spec.services.<Service>` (map name → spec) with
+  `subComponentType` (prefill | decode), `componentType`, `replicas`, `resources`, `multinode`;
+  `status.conditions[type=Ready]` and `status.services.<Service>.{availableReplicas,readyReplicas}`;
+- the scaling adapter (DGDSA) `dynamographdeploymentscalingadapters/<dgd_name>-<service lower>`,
+  through its `scale` subresource.
+
+Which service plays which role (`_resolve_services`):
+
+- `prefill` / `decode`: the one service whose `subComponentType` is that role; when none has it,
+  the one service without a `subComponentType` that carries a legacy worker name of the role
+  (`VllmPrefillWorker`, `TRTLLMPrefillWorker`, `prefill`; `VllmDecodeWorker`,
+  `TRTLLMDecodeWorker`, `decode`), as Dynamo's planner does. Two candidates are an error.
+- `workers` (agg mode): Dynamo's planner runs an aggregated deployment as "decode only", so the
+  service with `subComponentType: decode` wins; else the one service without a
+  `subComponentType` whose `componentType` is `worker` or that carries a legacy decode name.
+
+Readiness is the DGD's `Ready` condition (`status.conditions[type=Ready].status == "True"`),
+which is what Dynamo's planner checks before it scales; `status.state` is a free-form summary
+and is not read. While the DGD is not Ready, `ready_counts()` says None and `set_replicas()`
+logs and does nothing.
+
+Setting replicas: for each role, a merge patch `{"spec": {"replicas": N}}` of the DGDSA's scale
+subresource (an adapter, when present, owns the service's replicas and would undo a DGD edit);
+on 404 (no adapter: older operator) one merge patch of the DGD,
+`{"metadata": {"resourceVersion": <read>}, "spec": {"services": {"<Service>": {"replicas": N}}}}`.
+The resourceVersion makes the patch conditional on the DGD we read (Ready, current replicas): a
+concurrent change answers 409, and the connector reads again and retries, a bounded number of
+times. Every API call runs in a worker thread (`asyncio.to_thread`): the official client blocks.
+
+Errors become `ConnectorError` naming the DGD, the service and, for 403, the RBAC verb and
+resource to grant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import urllib3
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from app.config import KubernetesConnectorConfig
+from app.core.errors import ConnectorError, ConnectorNotReadyError
+from app.core.types import Replicas, Role
+
+log = logging.getLogger(__name__)
+
+GROUP = "nvidia.com"
+VERSION = "v1alpha1"
+DGD_PLURAL = "dynamographdeployments"
+DGDSA_PLURAL = "dynamographdeploymentscalingadapters"
+MERGE_PATCH = "application/merge-patch+json"
+
+# The service account's files, when running in a pod (a module constant so tests can move it).
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+# Service names Dynamo's planner accepts for a role when no service declares a subComponentType.
+LEGACY_NAMES: dict[str, tuple[str, ...]] = {
+    "prefill": ("VllmPrefillWorker", "TRTLLMPrefillWorker", "prefill"),
+    "decode": ("VllmDecodeWorker", "TRTLLMDecodeWorker", "decode"),
+}
+
+_T = TypeVar("_T")
+
+
+def _adapter_name(dgd_name: str, service: str) -> str:
+    """Dynamo's operator names a service's DGDSA `<dgd>-<service in lower case>`."""
+    return f"{dgd_name}-{service.lower()}"
+
+
+def is_ready(dgd: dict[str, Any]) -> bool:
+    """True when the DGD's `Ready` condition has status "True" (Dynamo's readiness test)."""
+    conditions = (dgd.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if isinstance(c, dict) and c.get("type") == "Ready"), None)
+    return ready is not None and ready.get("status") == "True"
+
+
+def _ready_reason(dgd: dict[str, Any]) -> str:
+    conditions = (dgd.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if isinstance(c, dict) and c.get("type") == "Ready"), None)
+    if ready is None:
+        return "no Ready condition yet"
+    detail = ready.get("message") or ready.get("reason") or ""
+    return f"Ready={ready.get('status')}" + (f" ({detail})" if detail else "")
+
+
+def _sub_component_type(spec: dict[str, Any]) -> str:
+    return str(spec.get("subComponentType") or "")
+
+
+def _describe_services(services: dict[str, Any]) -> str:
+    if not services:
+        return "none"
+    parts = []
+    for name, spec in services.items():
+        spec = spec if isinstance(spec, dict) else {}
+        kind = _sub_component_type(spec) or spec.get("componentType") or "-"
+        parts.append(f"{name} ({kind})")
+    return ", ".join(parts)
+
+
+def _resolve_role(role: Role, services: dict[str, dict[str, Any]]) -> tuple[str | None, str]:
+    """(service name, "") or (None, why not)."""
+    wanted = "decode" if role == "workers" else role
+    by_type = [name for name, spec in services.items() if _sub_component_type(spec) == wanted]
+    if len(by_type) > 1:
+        return None, f"services {', '.join(sorted(by_type))} all declare subComponentType {wanted}"
+    if by_type:
+        return by_type[0], ""
+    untyped = {name: spec for name, spec in services.items() if not _sub_component_type(spec)}
+    candidates = [name for name in untyped if name in LEGACY_NAMES[wanted]]
+    if role == "workers":
+        candidates += [
+            name
+            for name, spec in untyped.items()
+            if spec.get("componentType") == "worker" and name not in candidates
+        ]
+    if len(candidates) == 1:
+        return candidates[0], ""
+    if len(candidates) > 1:
+        return None, f"services {', '.join(sorted(candidates))} could all be the {role} service"
+    return None, f"no service has subComponentType {wanted}"
+
+
+def _parse_gpus(value: Any, *, where: str) -> int:
+    """A Kubernetes quantity of whole GPUs: 2, "2", "2000m"."""
+    if isinstance(value, bool):
+        raise ConnectorError(f"{where}: GPU count {value!r} is not a whole number")
+    if isinstance(value, int):
+        count = value
+    else:
+        text = str(value).strip()
+        try:
+            if text.endswith("m") and text[:-1].isdigit() and int(text[:-1]) % 1000 == 0:
+                count = int(text[:-1]) // 1000
+            else:
+                count = int(text)
+        except ValueError:
+            raise ConnectorError(f"{where}: GPU count {value!r} is not a whole number") from None
+    if count < 0:
+        raise ConnectorError(f"{where}: GPU count {value!r} is negative")
+    return count
+
+
+def service_gpus(name: str, spec: dict[str, Any]) -> int | None:
+    """GPUs one engine of this service uses, or None when the service declares none.
+
+    Looks at `resources.limits.gpu` (the DGD's own resources type), `resources.limits
+    ["nvidia.com/gpu"]`, then the same under `requests`, then the main container's
+    `extraPodSpec.mainContainer.resources`. A multinode engine (`multinode.nodeCount` > 1) uses
+    that many times the per-node count."""
+    resources = spec.get("resources") or {}
+    main = ((spec.get("extraPodSpec") or {}).get("mainContainer") or {}).get("resources") or {}
+    declared: Any = None
+    where = ""
+    for section_name, section in (("resources", resources), ("extraPodSpec.mainContainer.resources", main)):
+        for kind in ("limits", "requests"):
+            values = section.get(kind) or {}
+            for key in ("gpu", "nvidia.com/gpu"):
+                if values.get(key) not in (None, ""):
+                    declared, where = values[key], f"spec.services.{name}.{section_name}.{kind}.{key}"
+                    break
+            if declared is not None:
+                break
+        if declared is not None:
+            break
+    if declared is None:
+        return None
+    per_node = _parse_gpus(declared, where=where)
+    nodes = (spec.get("multinode") or {}).get("nodeCount") or 1
+    try:
+        nodes = int(nodes)
+    except (TypeError, ValueError):
+        raise ConnectorError(f"spec.services.{name}.multinode.nodeCount {nodes!r} is not a number") from None
+    return per_node * max(nodes, 1)
+
+
+def _status_body(exc: ApiException) -> dict[str, Any]:
+    try:
+        body = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _server_message(exc: ApiException) -> str:
+    return str(_status_body(exc).get("message") or exc.reason or "").strip()
+
+
+class KubernetesConnector:
+    """`Connector` for a DynamoGraphDeployment; see the module docstring."""
+
+    def __init__(
+        self,
+        config: KubernetesConnectorConfig,
+        *,
+        roles: tuple[Role, ...],
+        conflict_retries: int = 3,
+        request_timeout_s: float = 30.0,
+    ) -> None:
+        if not roles:
+            raise ValueError("roles must name at least one role")
+        self.config = config
+        self.roles = roles
+        self.conflict_retries = conflict_retries
+        self.request_timeout_s = request_timeout_s
+        self._api: k8s_client.CustomObjectsApi | None = None
+        self._api_client: k8s_client.ApiClient | None = None
+        self._namespace: str | None = config.namespace
+        self._init_lock = asyncio.Lock()
+
+    # --- the Connector port --------------------------------------------------------------------
+
+    async def validate(self) -> None:
+        dgd = await self._get_dgd()
+        self._resolve_services(dgd)
+
+    async def gpus_per_engine(self) -> dict[Role, int] | None:
+        """GPUs per engine of each role the DGD declares; a role that declares none is left out,
+        and None when no role declares any."""
+        dgd = await self._get_dgd()
+        names = self._resolve_services(dgd)
+        services = self._services(dgd)
+        gpus: dict[Role, int] = {}
+        for role, name in names.items():
+            count = service_gpus(name, services[name])
+            if count is not None:
+                gpus[role] = count
+        return gpus or None
+
+    async def ready_counts(self) -> Replicas | None:
+        """Engines serving per role (`availableReplicas`, else `readyReplicas`, of each service's
+        status); None while the DGD is not Ready or a service has no status yet."""
+        dgd = await self._get_dgd()
+        if not is_ready(dgd):
+            return None
+        names = self._resolve_services(dgd)
+        statuses = (dgd.get("status") or {}).get("services") or {}
+        counts: Replicas = {}
+        for role, name in names.items():
+            status = statuses.get(name)
+            if not isinstance(status, dict):
+                log.debug("%s: no status for service %s yet", self._where(), name)
+                return None
+            value = status.get("availableReplicas")
+            if value is None:
+                value = status.get("readyReplicas", 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConnectorError(
+                    f"{self._where()}: status.services.{name} has a replica count {value!r}, not a count"
+                )
+            counts[role] = value
+        return counts
+
+    async def set_replicas(self, targets: Replicas) -> None:
+        unknown = sorted(set(targets) - set(self.roles))
+        if unknown:
+            raise ConnectorError(
+                f"{self._where()}: no role {', '.join(unknown)} in this deployment "
+                f"(roles: {', '.join(self.roles)})"
+            )
+        bad = {r: n for r, n in targets.items() if isinstance(n, bool) or not isinstance(n, int) or n < 0}
+        if bad:
+            raise ConnectorError(f"{self._where()}: replica targets must be counts >= 0, got {bad}")
+        for attempt in range(self.conflict_retries + 1):
+            dgd = await self._get_dgd()
+            if not is_ready(dgd):
+                # Not a failure and not a success: the planner keeps the decision pending and
+                # hands it over again once the DGD is Ready.
+                raise ConnectorNotReadyError(
+                    f"{self._where()} is not Ready ({_ready_reason(dgd)}): not scaled yet"
+                )
+            names = self._resolve_services(dgd)
+            try:
+                await self._apply(dgd, {names[role]: n for role, n in targets.items()})
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                log.info(
+                    "%s changed while scaling (attempt %d of %d): reading it again",
+                    self._where(),
+                    attempt + 1,
+                    self.conflict_retries + 1,
+                )
+                if attempt < self.conflict_retries:
+                    await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+        raise ConnectorError(
+            f"{self._where()}: still conflicting after {self.conflict_retries + 1} attempts "
+            "(the DGD keeps changing under the planner); giving up on this decision"
+        )
+
+    async def close(self) -> None:
+        if self._api_client is not None:
+            await asyncio.to_thread(self._api_client.close)
+            self._api_client = self._api = None
+
+    # --- scaling -----------------------------------------------------------------------------
+
+    async def _apply(self, dgd: dict[str, Any], targets: dict[str, int]) -> None:
+        """Scale each service through its adapter; patch the DGD for those without one. A 409
+        propagates (as ApiException) so that the caller reads again and retries."""
+        services = self._services(dgd)
+        fallback: dict[str, int] = {}
+        for service, replicas in targets.items():
+            adapter = _adapter_name(self.config.dgd_name, service)
+            try:
+                await self._call(
+                    "patch",
+                    f"{DGDSA_PLURAL}/scale",
+                    adapter,
+                    self._custom().patch_namespaced_custom_object_scale,
+                    group=GROUP,
+                    version=VERSION,
+                    namespace=self._ns(),
+                    plural=DGDSA_PLURAL,
+                    name=adapter,
+                    body={"spec": {"replicas": replicas}},
+                    _content_type=MERGE_PATCH,
+                    passthrough=(404, 409),
+                )
+                log.info("%s: scaled adapter %s to %d", self._where(), adapter, replicas)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                if services[service].get("replicas") == replicas:
+                    log.debug("%s: service %s already at %d", self._where(), service, replicas)
+                else:
+                    fallback[service] = replicas
+        if not fallback:
+            return
+        body = {
+            "metadata": {"resourceVersion": (dgd.get("metadata") or {}).get("resourceVersion")},
+            "spec": {"services": {s: {"replicas": n} for s, n in fallback.items()}},
+        }
+        if body["metadata"]["resourceVersion"] is None:
+            del body["metadata"]
+        await self._call(
+            "patch",
+            DGD_PLURAL,
+            self.config.dgd_name,
+            self._custom().patch_namespaced_custom_object,
+            group=GROUP,
+            version=VERSION,
+            namespace=self._ns(),
+            plural=DGD_PLURAL,
+            name=self.config.dgd_name,
+            body=body,
+            _content_type=MERGE_PATCH,
+            passthrough=(409,),
+        )
+        log.info(
+            "%s: patched %s (no scaling adapter)",
+            self._where(),
+            " ".join(f"spec.services.{s}.replicas={n}" for s, n in fallback.items()),
+        )
+
+    # --- reading -----------------------------------------------------------------------------
+
+    async def _get_dgd(self) -> dict[str, Any]:
+        await self._ensure_client()
+        dgd = await self._call(
+            "get",
+            DGD_PLURAL,
+            self.config.dgd_name,
+            self._custom().get_namespaced_custom_object,
+            group=GROUP,
+            version=VERSION,
+            namespace=self._ns(),
+            plural=DGD_PLURAL,
+            name=self.config.dgd_name,
+        )
+        if not isinstance(dgd, dict):
+            raise ConnectorError(
+                f"{self._where()}: the API server answered {type(dgd).__name__}, not an object"
+            )
+        return dgd
+
+    def _services(self, dgd: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        services = (dgd.get("spec") or {}).get("services") or {}
+        if not isinstance(services, dict):
+            raise ConnectorError(f"{self._where()}: spec.services is not a map of services")
+        return {str(k): (v if isinstance(v, dict) else {}) for k, v in services.items()}
+
+    def _resolve_services(self, dgd: dict[str, Any]) -> dict[Role, str]:
+        services = self._services(dgd)
+        names: dict[Role, str] = {}
+        problems: list[str] = []
+        for role in self.roles:
+            name, why = _resolve_role(role, services)
+            if name is None:
+                problems.append(f"role {role}: {why}")
+            else:
+                names[role] = name
+        if problems:
+            raise ConnectorError(
+                f"{self._where()}: cannot find the service of every role ({'; '.join(problems)}); "
+                f"services found: {_describe_services(services)}"
+            )
+        return names
+
+    # --- the client --------------------------------------------------------------------------
+
+    def _where(self) -> str:
+        return f"DynamoGraphDeployment {self._namespace or '?'}/{self.config.dgd_name}"
+
+    def _ns(self) -> str:
+        assert self._namespace is not None
+        return self._namespace
+
+    def _custom(self) -> k8s_client.CustomObjectsApi:
+        assert self._api is not None
+        return self._api
+
+    async def _ensure_client(self) -> None:
+        if self._api is not None:
+            return
+        async with self._init_lock:
+            if self._api is None:
+                api_client, namespace = await asyncio.to_thread(self._build_client)
+                self._namespace = namespace
+                self._api_client = api_client
+                self._api = k8s_client.CustomObjectsApi(api_client)
+
+    def _build_client(self) -> tuple[k8s_client.ApiClient, str]:
+        """In a worker thread: files are read here. An explicit `api_server` wins, then an
+        explicit `kubeconfig`, then the in-cluster service account, then the default kubeconfig."""
+        cfg = self.config
+        conf = k8s_client.Configuration()
+        try:
+            if cfg.api_server:
+                conf.host = cfg.api_server.rstrip("/")
+                if cfg.token_file:
+                    _use_token_file(conf, Path(cfg.token_file))
+                ca = SERVICE_ACCOUNT_DIR / "ca.crt"
+                if conf.host.startswith("https://") and ca.is_file():
+                    conf.ssl_ca_cert = str(ca)
+            elif cfg.kubeconfig:
+                k8s_config.load_kube_config(config_file=cfg.kubeconfig, client_configuration=conf)
+            else:
+                try:
+                    k8s_config.load_incluster_config(client_configuration=conf)
+                except ConfigException:
+                    k8s_config.load_kube_config(client_configuration=conf)
+        except (ConfigException, OSError) as exc:
+            raise ConnectorError(
+                f"DynamoGraphDeployment {cfg.dgd_name}: no usable Kubernetes client configuration "
+                f"(api_server, kubeconfig, in-cluster service account, ~/.kube/config): {exc}"
+            ) from None
+        namespace = cfg.namespace
+        if not namespace:
+            try:
+                namespace = (SERVICE_ACCOUNT_DIR / "namespace").read_text().strip() or None
+            except OSError:
+                namespace = None
+        return k8s_client.ApiClient(conf), namespace or "default"
+
+    async def _call(
+        self,
+        verb: str,
+        resource: str,
+        name: str,
+        fn: Callable[..., _T],
+        /,
+        *,
+        passthrough: tuple[int, ...] = (),
+        **kwargs: Any,
+    ) -> _T:
+        """Run one blocking API call in a worker thread; translate its errors. Statuses listed
+        in `passthrough` reach the caller as ApiException."""
+        kwargs.setdefault("_request_timeout", self.request_timeout_s)
+        try:
+            return await asyncio.to_thread(fn, **kwargs)
+        except ApiException as exc:
+            if exc.status in passthrough:
+                raise
+            raise self._translate(exc, verb=verb, resource=resource, name=name) from None
+        except urllib3.exceptions.HTTPError as exc:
+            host = self._api_client.configuration.host if self._api_client else "?"
+            raise ConnectorError(
+                f"{self._where()}: cannot reach the Kubernetes API at {host} ({type(exc).__name__}: {exc})"
+            ) from None
+        except OSError as exc:  # e.g. the token file went away
+            raise ConnectorError(f"{self._where()}: {verb} {resource} {name!r}: {exc}") from None
+
+    def _translate(self, exc: ApiException, *, verb: str, resource: str, name: str) -> ConnectorError:
+        message = _server_message(exc)
+        body = _status_body(exc)
+        if exc.status == 404 and resource == DGD_PLURAL:
+            if not (body.get("details") or {}).get("name"):
+                # No object details: the API server does not serve the resource type at all.
+                return ConnectorError(
+                    f"{self._where()} not found: the API server does not serve "
+                    f"{GROUP}/{VERSION} {DGD_PLURAL} (is Dynamo's CRD installed?)"
+                )
+            return ConnectorError(f"{self._where()} not found")
+        if exc.status == 403:
+            return ConnectorError(
+                f"{self._where()}: forbidden to {verb} {resource} {name!r} in API group {GROUP} "
+                f"(RBAC: grant verb {verb!r} on resource {resource!r} in namespace {self._ns()}): {message}"
+            )
+        if exc.status == 401:
+            return ConnectorError(
+                f"{self._where()}: the API server rejected the planner's credentials (401): {message}"
+            )
+        return ConnectorError(
+            f"{self._where()}: {verb} {resource} {name!r} failed with HTTP {exc.status}: {message}"
+        )
+
+
+def _use_token_file(conf: k8s_client.Configuration, path: Path) -> None:
+    """Send `Authorization: Bearer <token>` read from `path`, again whenever the file changes
+    (projected service-account tokens rotate). The hook runs inside the API call's thread."""
+    state: dict[str, Any] = {"mtime": None}
+
+    def refresh(c: k8s_client.Configuration) -> None:
+        mtime = path.stat().st_mtime_ns
+        if mtime != state["mtime"]:
+            c.api_key["BearerToken"] = "Bearer " + path.read_text().strip()
+            state["mtime"] = mtime
+
+    refresh(conf)
+    conf.refresh_api_key_hook = refresh

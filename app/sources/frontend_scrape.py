@@ -1,0 +1,248 @@
+"""Traffic from the frontend's `/metrics`, scraped directly: no Prometheus needed.
+
+Each observation GETs the Prometheus text exposition of the frontend, keeps the dynamo_frontend_*
+histogram `_sum`/`_count` samples and request counters, and differences them against the previous
+scrape, series by series, summing the series whose `model` label matches the deployment's model
+(case-insensitively). Means are Σ Δsum / Σ Δcount; the request count is Σ Δ
+`dynamo_frontend_requests_started_total`, else Σ Δ `dynamo_frontend_requests_total`, else None.
+`duration_s` is the time between the two scrapes on this host's monotonic clock (`interval_s` is
+not used: the scrapes say how long the interval really was).
+
+Choices:
+- The first scrape has nothing to difference against: `observe` raises
+  `SourceUnavailableError("frontend_scrape", "first scrape taken; traffic is known from the next
+  interval")` rather than returning an all-None observation, so the tick records why it skipped.
+  `check()` scrapes too and keeps its scrape as the baseline, so after a successful start-up check
+  the first observation already knows the traffic.
+- A counter that went down (or whose `_created` timestamp changed, where the exporter publishes
+  one) means the frontend restarted: its new value is the increase since the restart. This
+  undercounts the requests served between the last scrape and the restart; `last_notes` says so.
+- A series absent from the previous scrape is new (a model's first request): counted from 0.
+- A failed scrape keeps the old baseline: the next observation covers the longer interval.
+- The request count is exactly 0 → a confirmed idle window (means None, see traffic.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.core.errors import SourceUnavailableError
+from app.core.types import TrafficObservation
+from app.sources.traffic import (
+    HISTOGRAMS,
+    REQUEST_COUNTERS,
+    build_observation,
+    describe_http_error,
+    model_matches,
+    snippet,
+)
+
+log = logging.getLogger(__name__)
+
+FIRST_SCRAPE = "first scrape taken; traffic is known from the next interval"
+
+Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs: a series' identity
+SeriesKey = tuple[str, Labels]  # (sample name, labels)
+
+
+def _created_name(sample: str) -> str:
+    """`x_total` → `x_created`, `h_sum`/`h_count` → `h_created` (prometheus_client's names)."""
+    for suffix in ("_total", "_sum", "_count"):
+        if sample.endswith(suffix):
+            return sample[: -len(suffix)] + "_created"
+    return sample + "_created"
+
+
+_HISTOGRAM_SAMPLES = {f"{metric}{part}" for metric, _ in HISTOGRAMS.values() for part in ("_sum", "_count")}
+_WANTED = _HISTOGRAM_SAMPLES | set(REQUEST_COUNTERS)
+_WANTED |= {_created_name(name) for name in _WANTED}
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """The samples of one scrape that matter here, and when it was taken (monotonic seconds)."""
+
+    taken_at: float
+    samples: dict[SeriesKey, float]
+
+
+def parse_metrics(text: str) -> dict[SeriesKey, float]:
+    """The dynamo_frontend_* samples this source uses, from Prometheus text format.
+
+    Raises ValueError (from the parser, or for a sample that is not a number) on garbage."""
+    samples: dict[SeriesKey, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in _WANTED:
+                value = float(sample.value)
+                samples[(sample.name, tuple(sorted(sample.labels.items())))] = value
+    return samples
+
+
+@dataclass
+class Difference:
+    """What changed between two scrapes, for one model."""
+
+    num_req: float | None
+    histograms: dict[str, tuple[float | None, float | None]]
+    notes: list[str] = field(default_factory=list)
+
+
+def _increase(
+    prev: Mapping[SeriesKey, float], cur: Mapping[SeriesKey, float], names: tuple[str, ...], labels: Labels
+) -> tuple[tuple[float, ...], bool]:
+    """The increases of the samples `names` of one series (read and reset together, like a
+    histogram's `_sum` and `_count`), and whether the series was reset in between."""
+    now = tuple(cur[(name, labels)] for name in names)
+    if any((name, labels) not in prev for name in names):  # a new series: counted from 0
+        return now, False
+    before = tuple(prev[(name, labels)] for name in names)
+    created = (_created_name(names[0]), labels)
+    reset = any(n < b for n, b in zip(now, before, strict=True)) or (
+        created in cur and created in prev and cur[created] != prev[created]
+    )
+    if reset:
+        return now, True
+    return tuple(n - b for n, b in zip(now, before, strict=True)), False
+
+
+def difference(
+    prev: Mapping[SeriesKey, float], cur: Mapping[SeriesKey, float], model_name: str | None
+) -> Difference:
+    """Request count and histogram (Δsum, Δcount) between two scrapes over the series of
+    `model_name` (every series when None). A field without any matching series is None."""
+    notes: list[str] = []
+
+    def matching(name: str) -> list[Labels]:
+        return [labels for (n, labels) in cur if n == name and model_matches(dict(labels), model_name)]
+
+    def describe(labels: Labels) -> str:
+        return "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}"
+
+    num_req: float | None = None
+    for counter in REQUEST_COUNTERS:
+        series = matching(counter)
+        if not series:
+            notes.append(f"no series of this model in {counter}")
+            continue
+        increases: list[float] = []
+        for labels in series:
+            (inc,), reset = _increase(prev, cur, (counter,), labels)
+            if reset:
+                notes.append(f"{counter}{describe(labels)} was reset (frontend restart?): counted from 0")
+            if math.isfinite(inc):
+                increases.append(inc)
+            else:
+                notes.append(f"skipped the non-finite increase of {counter}{describe(labels)}")
+        if increases:
+            num_req = math.fsum(increases)
+            break
+
+    histograms: dict[str, tuple[float | None, float | None]] = {}
+    for obs_field, (metric, _) in HISTOGRAMS.items():
+        names = (f"{metric}_sum", f"{metric}_count")
+        series = [labels for labels in matching(names[1]) if (names[0], labels) in cur]
+        if not series:
+            histograms[obs_field] = (None, None)
+            continue
+        total_sum = total_count = 0.0
+        for labels in series:
+            (d_sum, d_count), reset = _increase(prev, cur, names, labels)
+            if reset:
+                notes.append(f"{metric}{describe(labels)} was reset (frontend restart?): counted from 0")
+            total_sum += d_sum
+            total_count += d_count
+        histograms[obs_field] = (total_sum, total_count)
+    return Difference(num_req=num_req, histograms=histograms, notes=notes)
+
+
+class FrontendScrapeSource:
+    """Traffic observations from the frontend's `/metrics` (see the module docstring)."""
+
+    name = "frontend_scrape"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        model_name: str | None = None,
+        client: httpx.AsyncClient | None = None,
+        timeout_s: float = 10.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        # The frontend's base URL (`http://frontend:8000`) or its metrics URL itself.
+        base = url.rstrip("/")
+        self.url = base if base.endswith("/metrics") else f"{base}/metrics"
+        self.model_name = model_name
+        self.timeout_s = timeout_s
+        self._client = client
+        self._monotonic = monotonic
+        self._baseline: Scrape | None = None
+        # What the last observation had to work around (resets, fallback counter).
+        self.last_notes: tuple[str, ...] = ()
+
+    async def check(self) -> None:
+        """The frontend answers with Prometheus text; the scrape becomes the baseline."""
+        self._baseline = await self.scrape()
+
+    async def observe(self, interval_s: float) -> TrafficObservation:
+        current = await self.scrape()
+        previous, self._baseline = self._baseline, current
+        if previous is None:
+            raise SourceUnavailableError(self.name, FIRST_SCRAPE)
+        diff = difference(previous.samples, current.samples, self.model_name)
+        self.last_notes = tuple(diff.notes)
+        for note in diff.notes:
+            (log.warning if "reset" in note else log.debug)("frontend %s: %s", self.url, note)
+        return build_observation(current.taken_at - previous.taken_at, diff.num_req, diff.histograms)
+
+    async def scrape(self) -> Scrape:
+        """One GET of `/metrics`, parsed; `SourceUnavailableError` with the reason otherwise."""
+        async with self._session() as client:
+            try:
+                resp = await client.get(
+                    self.url, headers={"Accept": "text/plain;version=0.0.4"}, timeout=self.timeout_s
+                )
+            except httpx.TimeoutException as exc:
+                raise self._fail(
+                    f"{self.url}: no answer within {self.timeout_s:g} s ({describe_http_error(exc)})"
+                ) from exc
+            except httpx.ConnectError as exc:
+                raise self._fail(f"cannot connect to {self.url}: {describe_http_error(exc)}") from exc
+            except httpx.HTTPError as exc:
+                raise self._fail(f"{self.url}: {describe_http_error(exc)}") from exc
+        taken_at = self._monotonic()
+        content_type = resp.headers.get("content-type", "").lower()
+        what = f"{self.url} answered HTTP {resp.status_code}"
+        if resp.status_code != 200:
+            raise self._fail(f"{what}: {snippet(resp.text)!r}")
+        if "html" in content_type or "json" in content_type:
+            kind = "an HTML page" if "html" in content_type else "JSON"
+            raise self._fail(f"{what} with {kind}, not Prometheus text format: {snippet(resp.text)!r}")
+        try:
+            samples = parse_metrics(resp.text)
+        except ValueError as exc:
+            raise self._fail(
+                f"{what} with a body that is not Prometheus text format ({snippet(str(exc), 80)}):"
+                f" {snippet(resp.text)!r}"
+            ) from None
+        return Scrape(taken_at=taken_at, samples=samples)
+
+    @asynccontextmanager
+    async def _session(self) -> AsyncIterator[httpx.AsyncClient]:
+        if self._client is not None:
+            yield self._client
+        else:
+            async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+                yield client
+
+    def _fail(self, reason: str) -> SourceUnavailableError:
+        return SourceUnavailableError(self.name, reason)
