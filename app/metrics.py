@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Enum, Gauge
+
+from app.core.throughput import ThroughputReason
 
 _ROLE_GAUGES = {
     "prefill": "dynamo_planner_predicted_num_prefill_replicas",
@@ -66,6 +70,48 @@ class PlannerMetrics:
         # Only on PostgreSQL, where a listener exists: a constant 0 on SQLite would read as an outage.
         self.notify_connected: Gauge | None = None
 
+        # Throughput scaling, as Dynamo's planner exports it (plus the deployment label).
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, ["deployment"], registry=r)
+
+        self.throughput_gauges = {
+            ("observed", "ttft_ms"): gauge(
+                "dynamo_planner_observed_ttft_ms", "Mean TTFT of the last interval"
+            ),
+            ("observed", "itl_ms"): gauge("dynamo_planner_observed_itl_ms", "Mean ITL of the last interval"),
+            ("observed", "isl"): gauge(
+                "dynamo_planner_observed_input_sequence_tokens", "Mean ISL of the last interval"
+            ),
+            ("observed", "osl"): gauge(
+                "dynamo_planner_observed_output_sequence_tokens", "Mean OSL of the last interval"
+            ),
+            ("predicted", "isl"): gauge(
+                "dynamo_planner_predicted_input_sequence_tokens", "Predicted mean ISL of the next interval"
+            ),
+            ("predicted", "osl"): gauge(
+                "dynamo_planner_predicted_output_sequence_tokens", "Predicted mean OSL of the next interval"
+            ),
+            ("correction", "prefill"): gauge(
+                "dynamo_planner_prefill_correction_factor", "Observed over profiled TTFT"
+            ),
+            ("correction", "decode"): gauge(
+                "dynamo_planner_decode_correction_factor", "Observed over profiled ITL"
+            ),
+        }
+        self.observed_rps = gauge(
+            "dynamo_planner_observed_requests_per_second", "Requests/s of the last interval"
+        )
+        self.predicted_rps = gauge(
+            "dynamo_planner_predicted_requests_per_second", "Predicted requests/s of the next interval"
+        )
+        self.throughput_decision = Enum(
+            "dynamo_planner_throughput_scaling_decision",
+            "Outcome of the last throughput step",
+            ["deployment"],
+            states=[r.value for r in ThroughputReason],
+            registry=r,
+        )
+
     def add_notify_gauge(self) -> Gauge:
         if self.notify_connected is None:
             self.notify_connected = Gauge(
@@ -74,6 +120,21 @@ class PlannerMetrics:
                 registry=self.registry,
             )
         return self.notify_connected
+
+    def observe_throughput(self, deployment: str, record: dict[str, Any] | None) -> None:
+        """Export one throughput step's record; a value the step did not have is left out."""
+        if not record:
+            return
+        self.throughput_decision.labels(deployment).state(record["reason"])
+        for (section, key), metric in self.throughput_gauges.items():
+            value = (record.get(section) or {}).get(key)
+            if isinstance(value, int | float):
+                metric.labels(deployment).set(value)
+        observed, predicted = record.get("observed") or {}, record.get("predicted") or {}
+        if observed.get("num_req") is not None and observed.get("duration_s"):
+            self.observed_rps.labels(deployment).set(observed["num_req"] / observed["duration_s"])
+        if predicted.get("num_req") is not None and observed.get("duration_s"):
+            self.predicted_rps.labels(deployment).set(predicted["num_req"] / observed["duration_s"])
 
     def observe_decision(self, deployment: str, replicas: dict[str, int], status: str) -> None:
         for role, count in replicas.items():

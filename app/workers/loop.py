@@ -159,6 +159,7 @@ class DeploymentWorker:
             self._hub.announce(decision)
         self._metrics.paused.labels(name).set(1 if overrides.paused else 0)
         self._metrics.ticks.labels(name).inc()
+        self._metrics.observe_throughput(name, record.get("throughput"))
         throughput_state = record.get("throughput")
         throughput_note = (
             f"throughput {throughput_state['reason']}: {throughput_state['detail']}"

@@ -133,6 +133,11 @@ async def test_prometheus_traffic_becomes_a_decision_and_an_outage_does_not(
     assert 300 <= observed["num_req"] <= 300 * 1.25, observed
     decision = (await api.client.get("/decisions/1")).json()
     assert_decided_as_profile_says({**record["record"], "id": record["id"]}, decision)
+    metrics = (await api.client.get("/metrics")).text
+    assert 'dynamo_planner_throughput_scaling_decision="scale"} 1.0' in metrics
+    assert (
+        f'dynamo_planner_observed_output_sequence_tokens{{deployment="demo"}} {observed["osl"]!r}' in metrics
+    )
     waited = await api.client.get(
         "/decisions/wait", params={"deployment": "demo", "after": 0, "timeout_s": 1}
     )
@@ -153,6 +158,8 @@ async def test_prometheus_traffic_becomes_a_decision_and_an_outage_does_not(
         r.startswith("traffic source failing: prometheus: cannot connect")
         for r in ready["deployments"]["demo"]
     )
+    metrics = (await api.client.get("/metrics")).text
+    assert 'dynamo_planner_throughput_scaling_decision="no_traffic_data"} 1.0' in metrics
 
     # It comes back: the loop reads traffic again and decides (same load: unchanged target).
     prometheus.start()
