@@ -27,8 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import httpx
@@ -39,6 +38,7 @@ from app.core.types import TrafficObservation
 from app.sources.traffic import (
     HISTOGRAMS,
     REQUEST_COUNTERS,
+    HttpSource,
     build_observation,
     describe_http_error,
     model_matches,
@@ -164,7 +164,7 @@ def difference(
     return Difference(num_req=num_req, histograms=histograms, notes=notes)
 
 
-class FrontendScrapeSource:
+class FrontendScrapeSource(HttpSource):
     """Traffic observations from the frontend's `/metrics` (see the module docstring)."""
 
     name = "frontend_scrape"
@@ -235,14 +235,3 @@ class FrontendScrapeSource:
                 f" {snippet(resp.text)!r}"
             ) from None
         return Scrape(taken_at=taken_at, samples=samples)
-
-    @asynccontextmanager
-    async def _session(self) -> AsyncIterator[httpx.AsyncClient]:
-        if self._client is not None:
-            yield self._client
-        else:
-            async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-                yield client
-
-    def _fail(self, reason: str) -> SourceUnavailableError:
-        return SourceUnavailableError(self.name, reason)

@@ -32,8 +32,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -44,6 +43,7 @@ from app.core.types import TrafficObservation
 from app.sources.traffic import (
     HISTOGRAMS,
     REQUEST_COUNTERS,
+    HttpSource,
     build_observation,
     describe_http_error,
     model_matches,
@@ -110,7 +110,7 @@ def frontend_queries(interval_s: float, labels: Mapping[str, str] | None = None)
     )
 
 
-class PrometheusSource:
+class PrometheusSource(HttpSource):
     """Traffic observations from Prometheus' `/api/v1/query` (see the module docstring)."""
 
     name = "prometheus"
@@ -190,17 +190,6 @@ class PrometheusSource:
         return math.fsum(values) if values else None
 
     # --- HTTP -----------------------------------------------------------------------------------
-
-    @asynccontextmanager
-    async def _session(self) -> AsyncIterator[httpx.AsyncClient]:
-        if self._client is not None:
-            yield self._client
-        else:
-            async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-                yield client
-
-    def _fail(self, reason: str) -> SourceUnavailableError:
-        return SourceUnavailableError(self.name, reason)
 
     async def _query(self, client: httpx.AsyncClient, promql: str, *, at: float) -> list[Series]:
         params = {

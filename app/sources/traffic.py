@@ -24,11 +24,13 @@ Both read the same Dynamo frontend metrics (names below) and follow the same rul
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import httpx
 
+from app.core.errors import SourceUnavailableError
 from app.core.types import TrafficObservation
 
 if TYPE_CHECKING:
@@ -154,3 +156,22 @@ def snippet(text: str, limit: int = 120) -> str:
     """The start of a body, whitespace collapsed, for error reasons."""
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+class HttpSource:
+    """What both HTTP sources share: the injected client (or one per call) and their errors."""
+
+    name: str
+    timeout_s: float
+    _client: httpx.AsyncClient | None
+
+    @asynccontextmanager
+    async def _session(self) -> AsyncIterator[httpx.AsyncClient]:
+        if self._client is not None:
+            yield self._client
+        else:
+            async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+                yield client
+
+    def _fail(self, reason: str) -> SourceUnavailableError:
+        return SourceUnavailableError(self.name, reason)
