@@ -1,7 +1,7 @@
 """Trace files (Mooncake JSONL, Azure CSV, Dynamo request trace v1) and their bucketing into
 per-interval traffic observations.
 
-Real traces are read from the repository copy in data/traces/ (never from outside the repository); hand-written
+Real traces are read from the repository copy in data/traces/ (never from outside it); hand-written
 fixtures, broken ones included, are in tests/data/traces/. Expected values on the real traces are
 computed here independently of `app/sources/traces.py` (csv/json and `datetime.fromisoformat`)."""
 
