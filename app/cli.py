@@ -42,9 +42,10 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
 
     deployments = load_deployments(settings.config)
     settings.check_auth_exposure()
+    # Profiles and warm-up traces load here: a broken file stops start-up before the database is touched.
+    app = create_app(settings, deployments=deployments)
     if settings.apply_migrations:
         upgrade(settings.database_url)
-    app = create_app(settings, deployments=deployments)
     log.info("listening on http://%s:%d", settings.host, settings.port)
     uvicorn.run(
         app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), access_log=False

@@ -44,9 +44,8 @@ def create_app(
 ) -> FastAPI:
     if deployments is None:
         deployments = load_deployments(settings.config)
-        base_dir = Path(settings.config).resolve().parent
-    else:
-        base_dir = Path.cwd()
+    # Relative paths in the deployments file (profiles, traces) are relative to the file.
+    base_dir = Path(settings.config).resolve().parent if Path(settings.config).is_file() else Path.cwd()
     metrics = PlannerMetrics()
     # Profiles and warm-up traces load here, so a broken file stops start-up with one line.
     model_resources = {d.name: build_model_resources(d, base_dir=base_dir) for d in deployments.deployments}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,3 +185,47 @@ def test_unknown_command_is_a_usage_error(tmp_path: Path) -> None:
     result = planner("frobnicate", env=planner_env(tmp_path))
     assert result.returncode == 2
     assert "invalid choice: 'frobnicate'" in result.stderr
+
+
+def test_serve_resolves_the_example_profile_from_any_working_directory(tmp_path: Path) -> None:
+    """Relative paths in a deployments file are relative to the file, not to where planner runs."""
+    import httpx
+
+    from tests.support import free_port
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "PLANNER_DATABASE_URL": f"sqlite:///{tmp_path / 'planner.db'}",
+        "PLANNER_CONFIG": str(REPO_ROOT / "examples" / "planner.yaml"),
+        "PLANNER_HOST": "127.0.0.1",
+        "PLANNER_PORT": str(port),
+        "PLANNER_API_TOKENS": "",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        body = None
+        for _ in range(300):  # a bounded wait for start-up, not a timing assertion
+            if proc.poll() is not None:
+                break
+            try:
+                r = httpx.post(
+                    f"http://127.0.0.1:{port}/plan",
+                    json={"deployment": "demo", "rps": 20, "isl": 3000, "osl": 150},
+                    timeout=2,
+                )
+                body = r.json()
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert body is not None, proc.stdout.read().decode() if proc.poll() is not None else "no answer"
+        assert (body["num_prefill"], body["num_decode"]) == (2, 1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
