@@ -21,7 +21,7 @@ Which service plays which role (`_resolve_services`):
 Readiness is the DGD's `Ready` condition (`status.conditions[type=Ready].status == "True"`),
 which is what Dynamo's planner checks before it scales; `status.state` is a free-form summary
 and is not read. While the DGD is not Ready, `ready_counts()` says None and `set_replicas()`
-logs and does nothing.
+patches nothing and raises `ConnectorNotReadyError`, so the decision waits for the next tick.
 
 Setting replicas: for each role, a merge patch `{"spec": {"replicas": N}}` of the DGDSA's scale
 subresource (an adapter, when present, owns the service's replicas and would undo a DGD edit);
