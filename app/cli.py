@@ -127,47 +127,26 @@ def _one_line_error(message: str) -> None:
 def cmd_plan(settings: Settings, args: argparse.Namespace) -> int:
     from app.core.errors import ProfileError
     from app.core.interpolation import PerfModel
-    from app.core.replicas import plan_replicas
+    from app.core.replicas import what_if
     from app.sources.profile_files import load_profile
 
     try:
         model = PerfModel.from_profile(load_profile(args.profile))
     except ProfileError as exc:
         return _fail(f"--profile: {exc}")
-    # A rate: the formula's num_req / interval_s with a one-second interval.
-    plan = plan_replicas(
-        model=model,
-        num_req=args.rps,
-        interval_s=1.0,
-        isl_tokens=args.isl,
-        osl_tokens=args.osl,
-        itl_target_ms=args.itl_ms,
-        prefill_gpus=args.prefill_gpus,
-        decode_gpus=args.decode_gpus,
-        min_replicas=args.min_replicas,
-    )
     result = {
         "profile": str(args.profile),
-        "rps": args.rps,
-        "isl": args.isl,
-        "osl": args.osl,
-        "ttft_ms": args.ttft_ms,
-        "itl_ms": args.itl_ms,
-        "prefill_gpus": args.prefill_gpus,
-        "decode_gpus": args.decode_gpus,
-        "min_replicas": args.min_replicas,
-        "num_prefill": plan.num_prefill,
-        "num_decode": plan.num_decode,
-        "prefill_thpt_per_gpu": plan.prefill_thpt_per_gpu,
-        "decode_thpt_per_gpu": plan.decode_thpt_per_gpu,
-        "expected_ttft_ms": plan.expected_ttft_ms,
-        "expected_itl_ms": plan.expected_itl_ms,
-        "decode_kv_usage": plan.decode_kv_usage,
-        "decode_context_tokens": plan.decode_context_tokens,
-        "ttft_met": plan.expected_ttft_ms <= args.ttft_ms,
-        "itl_met": plan.expected_itl_ms <= args.itl_ms,
-        "prefill_reason": plan.prefill_reason,
-        "decode_reason": plan.decode_reason,
+        **what_if(
+            model=model,
+            rps=args.rps,
+            isl=args.isl,
+            osl=args.osl,
+            ttft_ms=args.ttft_ms,
+            itl_ms=args.itl_ms,
+            prefill_gpus=args.prefill_gpus,
+            decode_gpus=args.decode_gpus,
+            min_replicas=args.min_replicas,
+        ),
     }
     if args.json:
         print(json.dumps(result))
@@ -180,18 +159,19 @@ def cmd_plan(settings: Settings, args: argparse.Namespace) -> int:
     print(f"load     {args.rps:g} req/s, ISL {args.isl:g}, OSL {args.osl:g} tokens")
     print()
     print(f"{'role':<8} {'replicas':>8} {'GPUs/engine':>11} {'tok/s/GPU':>10}  expected latency")
+    r = result
     print(
-        f"{'prefill':<8} {plan.num_prefill:>8} {args.prefill_gpus:>11} {plan.prefill_thpt_per_gpu:>10.1f}"
-        f"  TTFT {plan.expected_ttft_ms:.1f} ms ({verdict(result['ttft_met'])} {args.ttft_ms:g} ms)"
+        f"{'prefill':<8} {r['num_prefill']:>8} {args.prefill_gpus:>11} {r['prefill_thpt_per_gpu']:>10.1f}"
+        f"  TTFT {result['expected_ttft_ms']:.1f} ms ({verdict(result['ttft_met'])} {args.ttft_ms:g} ms)"
     )
     print(
-        f"{'decode':<8} {plan.num_decode:>8} {args.decode_gpus:>11} {plan.decode_thpt_per_gpu:>10.1f}"
-        f"  ITL {plan.expected_itl_ms:.1f} ms ({verdict(result['itl_met'])} {args.itl_ms:g} ms)"
-        f" at {plan.decode_kv_usage:.0%} KV usage"
+        f"{'decode':<8} {r['num_decode']:>8} {args.decode_gpus:>11} {r['decode_thpt_per_gpu']:>10.1f}"
+        f"  ITL {result['expected_itl_ms']:.1f} ms ({verdict(result['itl_met'])} {args.itl_ms:g} ms)"
+        f" at {result['decode_kv_usage']:.0%} KV usage"
     )
     print()
-    print(f"prefill: {plan.prefill_reason}")
-    print(f"decode: {plan.decode_reason}")
+    print(f"prefill: {result['prefill_reason']}")
+    print(f"decode: {result['decode_reason']}")
     return 0
 
 

@@ -158,3 +158,53 @@ def plan_replicas(
         decode_context_tokens=context_tokens,
         decode_itl_target_ms=itl_target,
     )
+
+
+def what_if(
+    *,
+    model: PerfModel,
+    rps: float,
+    isl: float,
+    osl: float,
+    ttft_ms: float,
+    itl_ms: float,
+    prefill_gpus: int = 1,
+    decode_gpus: int = 1,
+    min_replicas: int = 1,
+) -> dict[str, Any]:
+    """The what-if answer of `planner plan` and `POST /plan`: the replicas a steady `rps` needs,
+    the interpolated figures, and whether the targets are met. Inputs are echoed back."""
+    # A steady rate is the formula's num_req / interval_s over a one-second interval.
+    plan = plan_replicas(
+        model=model,
+        num_req=rps,
+        interval_s=1.0,
+        isl_tokens=isl,
+        osl_tokens=osl,
+        itl_target_ms=itl_ms,
+        prefill_gpus=prefill_gpus,
+        decode_gpus=decode_gpus,
+        min_replicas=min_replicas,
+    )
+    return {
+        "rps": rps,
+        "isl": isl,
+        "osl": osl,
+        "ttft_ms": ttft_ms,
+        "itl_ms": itl_ms,
+        "prefill_gpus": prefill_gpus,
+        "decode_gpus": decode_gpus,
+        "min_replicas": min_replicas,
+        "num_prefill": plan.num_prefill,
+        "num_decode": plan.num_decode,
+        "prefill_thpt_per_gpu": plan.prefill_thpt_per_gpu,
+        "decode_thpt_per_gpu": plan.decode_thpt_per_gpu,
+        "expected_ttft_ms": plan.expected_ttft_ms,
+        "expected_itl_ms": plan.expected_itl_ms,
+        "decode_kv_usage": plan.decode_kv_usage,
+        "decode_context_tokens": plan.decode_context_tokens,
+        "ttft_met": plan.expected_ttft_ms <= ttft_ms,
+        "itl_met": plan.expected_itl_ms <= itl_ms,
+        "prefill_reason": plan.prefill_reason,
+        "decode_reason": plan.decode_reason,
+    }

@@ -14,7 +14,7 @@ from app.api.deps import DeploymentsDep, deployment_or_raise
 from app.api.schemas import Problem, Text
 from app.core.errors import InvalidInputError, ProfileError
 from app.core.interpolation import PerfModel
-from app.core.replicas import plan_replicas
+from app.core.replicas import what_if
 from app.sources.profile_files import load_profile
 
 router = APIRouter(tags=["plan"])
@@ -157,39 +157,18 @@ def plan(
         decode_gpus = body.decode_gpus or 1
         model = _cached_model(request, Path(profile), "body.profile")
 
-    # A steady rate: the formula's num_req / interval_s over one second.
-    result = plan_replicas(
-        model=model,
-        num_req=body.rps,
-        interval_s=1.0,
-        isl_tokens=body.isl,
-        osl_tokens=body.osl,
-        itl_target_ms=itl_ms,
-        prefill_gpus=prefill_gpus,
-        decode_gpus=decode_gpus,
-        min_replicas=body.min_replicas,
-    )
     return PlanOut(
         profile=profile,
         deployment=body.deployment,
-        rps=body.rps,
-        isl=body.isl,
-        osl=body.osl,
-        ttft_ms=ttft_ms,
-        itl_ms=itl_ms,
-        prefill_gpus=prefill_gpus,
-        decode_gpus=decode_gpus,
-        min_replicas=body.min_replicas,
-        num_prefill=result.num_prefill,
-        num_decode=result.num_decode,
-        prefill_thpt_per_gpu=result.prefill_thpt_per_gpu,
-        decode_thpt_per_gpu=result.decode_thpt_per_gpu,
-        expected_ttft_ms=result.expected_ttft_ms,
-        expected_itl_ms=result.expected_itl_ms,
-        decode_kv_usage=result.decode_kv_usage,
-        decode_context_tokens=result.decode_context_tokens,
-        ttft_met=result.expected_ttft_ms <= ttft_ms,
-        itl_met=result.expected_itl_ms <= itl_ms,
-        prefill_reason=result.prefill_reason,
-        decode_reason=result.decode_reason,
+        **what_if(
+            model=model,
+            rps=body.rps,
+            isl=body.isl,
+            osl=body.osl,
+            ttft_ms=ttft_ms,
+            itl_ms=itl_ms,
+            prefill_gpus=prefill_gpus,
+            decode_gpus=decode_gpus,
+            min_replicas=body.min_replicas,
+        ),
     )
