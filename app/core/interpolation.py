@@ -56,6 +56,11 @@ class PrefillInterpolator:
         """Prefill tokens per second per GPU at this ISL."""
         return float(self._thpt(self.clamp(isl_tokens)))
 
+    def ttft_ms_many(self, isl_tokens: np.ndarray) -> np.ndarray:
+        """`ttft_ms` of many ISLs at once (same clamping), for tables."""
+        clamped = np.clip(np.asarray(isl_tokens, dtype=float), self.min_isl_tokens, self.max_isl_tokens)
+        return np.asarray(self._ttft(clamped), dtype=float)
+
 
 @dataclass(frozen=True)
 class DecodePoint:
