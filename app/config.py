@@ -174,7 +174,7 @@ class DeploymentsFile(_Strict):
         return next((d for d in self.deployments if d.name == name), None)
 
 
-def _format_validation_error(source: str, err: ValidationError) -> str:
+def format_validation_error(source: str, err: ValidationError) -> str:
     first = err.errors()[0]
     loc = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in first["loc"]).replace(".[", "[")
     more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
@@ -183,24 +183,35 @@ def _format_validation_error(source: str, err: ValidationError) -> str:
 
 def load_deployments(path: str | Path) -> DeploymentsFile:
     path = Path(path)
+    return validate_deployments(read_yaml_mapping(path), str(path))
+
+
+def validate_deployments(raw: dict, source: str) -> DeploymentsFile:
+    try:
+        return DeploymentsFile.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(source, exc)) from None
+
+
+def read_yaml_mapping(
+    path: Path, *, what: str = "deployments file", hint: str = " (set PLANNER_CONFIG)"
+) -> dict:
+    """A YAML file's top-level mapping; every failure is one ConfigError naming the file."""
     try:
         raw = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(f"{path}: deployments file not found (set PLANNER_CONFIG)") from None
+        raise ConfigError(f"{path}: {what} not found{hint}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the deployments file ({exc.strerror})") from None
+        raise ConfigError(f"{path}: cannot read the {what} ({exc.strerror})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise ConfigError(f"{path}:{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping with a 'deployments' list")
-    try:
-        return DeploymentsFile.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(_format_validation_error(str(path), exc)) from None
+    return raw
 
 
 # --- service settings -------------------------------------------------------------------------

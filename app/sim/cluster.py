@@ -78,7 +78,9 @@ class Cluster:
         self.truth = truth
         self.startup_delay_s = float(startup_delay_s)
         self.gpus_per_engine = {role: (gpus_per_engine or {}).get(role, 1) for role in ROLES}
-        self.requests = [SimRequest(i, r.arrival_s, r.isl_tokens, r.osl_tokens) for i, r in enumerate(requests)]
+        self.requests = [
+            SimRequest(i, r.arrival_s, r.isl_tokens, r.osl_tokens) for i, r in enumerate(requests)
+        ]
         self.frontend = FrontendCounters(model_name)
         self.on_fpm = on_fpm
         self.now = 0.0
@@ -215,7 +217,9 @@ class Cluster:
     def _order(self, role: str, ready_s: float) -> None:
         self._engine_no[role] += 1
         engine_id = f"{role}-{self._engine_no[role]}"
-        engine: Engine = PrefillEngine(engine_id, self.truth) if role == "prefill" else DecodeEngine(engine_id, self.truth)
+        engine: Engine = (
+            PrefillEngine(engine_id, self.truth) if role == "prefill" else DecodeEngine(engine_id, self.truth)
+        )
         slot = _Slot(engine, ordered_s=self.now, ready_s=ready_s)
         self._slots[role].append(slot)
         if ready_s <= self.now:

@@ -1,0 +1,120 @@
+"""The replay file: a deployments file (what `planner serve` reads) plus a `simulation:` section.
+
+`examples/replay.yaml` is the default. The deployment part is validated exactly as the service
+validates it, so a policy replayed here is the one a deployment would run; the `simulation:`
+section describes the world (start-up delay, truth) and the baselines. Command-line flags
+override single fields for one run (`with_overrides`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.config import (
+    REPO_ROOT,
+    ConfigError,
+    DeploymentConfig,
+    format_validation_error,
+    read_yaml_mapping,
+    validate_deployments,
+)
+
+DEFAULT_REPLAY_CONFIG = REPO_ROOT / "examples" / "replay.yaml"
+POLICIES = ("planner", "static", "reactive", "oracle")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReactiveConfig(_Strict):
+    """The HPA-like baseline: per role, desired = ceil(current × metric ÷ target) when the ratio
+    is off by more than `tolerance`; scale-down takes the highest desired count of the last
+    `scale_down_window_s` (HPA's stabilisation window)."""
+
+    interval_s: float = Field(default=15.0, gt=0)
+    tolerance: float = Field(default=0.1, ge=0, lt=1)
+    scale_down_window_s: float = Field(default=300.0, ge=0)
+    # Prefill: requests queued or running per ready engine.
+    prefill_queue_target: float = Field(default=2.0, gt=0)
+    # Decode: share of the KV cache in use (reserved or waiting) per ready engine.
+    decode_kv_target: float = Field(default=0.5, gt=0, le=1)
+
+
+class OracleConfig(_Strict):
+    interval_s: float = Field(default=60.0, gt=0)
+    # Share of each interval's requests whose TTFT must meet the target on the oracle's engines.
+    quantile: float = Field(default=0.99, gt=0, le=1)
+
+
+class SimulationConfig(_Strict):
+    startup_delay_s: float = Field(default=120.0, ge=0)
+    rate_scale: float = Field(default=1.0, gt=0)
+    truth_scale: float = Field(default=1.0, gt=0)
+    truth_profile: str | None = None  # default: the deployment's profile
+    seed: int = 0
+    # Engines of each role at t = 0 for planner and reactive (static and oracle size their own);
+    # None: the oracle's count at t = 0, so that no policy starts from a cold, empty cluster.
+    initial_prefill: int | None = Field(default=None, ge=0)
+    initial_decode: int | None = Field(default=None, ge=0)
+    reactive: ReactiveConfig = Field(default_factory=ReactiveConfig)
+    oracle: OracleConfig = Field(default_factory=OracleConfig)
+
+
+class _SimulationSection(_Strict):
+    # Wrapped so that errors name the field as `simulation.startup_delay_s`.
+    simulation: SimulationConfig
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Engine capabilities come from the deployment: `prefill.max_num_batched_tokens` (default
+    8192) and `decode.max_kv_tokens` (default: the profile's)."""
+
+    path: Path
+    deployment: DeploymentConfig
+    simulation: SimulationConfig
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.resolve().parent
+
+    def resolve(self, relative: str) -> Path:
+        candidate = Path(relative).expanduser()
+        return candidate if candidate.is_absolute() else self.base_dir / candidate
+
+
+def load_replay_config(path: str | Path, deployment: str | None = None) -> ReplayConfig:
+    path = Path(path)
+    raw = read_yaml_mapping(path, what="replay file", hint="")
+    simulation_raw = raw.pop("simulation", None) or {}
+    deployments = validate_deployments(raw, str(path))
+    if deployment is None:
+        if len(deployments.deployments) > 1:
+            names = ", ".join(d.name for d in deployments.deployments)
+            raise ConfigError(
+                f"{path}: {len(deployments.deployments)} deployments ({names}); pick one with --deployment"
+            )
+        chosen = deployments.deployments[0]
+    else:
+        found = deployments.get(deployment)
+        if found is None:
+            names = ", ".join(d.name for d in deployments.deployments)
+            raise ConfigError(f"{path}: no deployment named {deployment!r} (have: {names})")
+        chosen = found
+    if chosen.mode != "disagg":
+        raise ConfigError(
+            f"{path}: deployment {chosen.name!r}: the simulator models disaggregated serving only (mode: disagg)"
+        )
+    if not chosen.profile:
+        raise ConfigError(
+            f"{path}: deployment {chosen.name!r}: profile: required for replay (the simulator's truth)"
+        )
+    try:
+        section = _SimulationSection.model_validate({"simulation": simulation_raw})
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(str(path), exc)) from None
+    return ReplayConfig(path=path, deployment=chosen, simulation=section.simulation)
