@@ -21,7 +21,6 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Union
 
 from app.core.fpm import ForwardPassMetrics
 from app.core.traces import TraceRequest
@@ -29,7 +28,7 @@ from app.sim.engines import DecodeEngine, PrefillEngine, SimRequest
 from app.sim.frontend import FrontendCounters
 from app.sim.truth import TruthModel
 
-Engine = Union[PrefillEngine, DecodeEngine]
+Engine = PrefillEngine | DecodeEngine
 ROLES = ("prefill", "decode")
 
 _ARRIVAL, _READY, _PREFILL_DONE, _DECODE_DONE = range(4)

@@ -107,7 +107,8 @@ def load_replay_config(path: str | Path, deployment: str | None = None) -> Repla
         chosen = found
     if chosen.mode != "disagg":
         raise ConfigError(
-            f"{path}: deployment {chosen.name!r}: the simulator models disaggregated serving only (mode: disagg)"
+            f"{path}: deployment {chosen.name!r}: mode {chosen.mode}: "
+            "the simulator models disaggregated serving only (mode: disagg)"
         )
     if not chosen.profile:
         raise ConfigError(
