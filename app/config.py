@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.core.throughput import ThroughputSettings
 from app.core.types import Mode, Role, RoleBounds, roles_for_mode
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,14 @@ class DeploymentConfig(_Strict):
         """The configured min/max replicas of every role of the mode."""
         return {r: RoleBounds(self.role(r).min_replicas, self.role(r).max_replicas) for r in self.roles}
 
+    def throughput_settings(self, gpus_per_engine: dict[Role, int]) -> ThroughputSettings:
+        return ThroughputSettings(
+            interval_s=self.throughput.interval_s,
+            itl_target_ms=self.sla.itl_ms,
+            correction=self.throughput.correction,
+            gpus_per_engine=gpus_per_engine,
+        )
+
     @property
     def tick_interval_s(self) -> float:
         """The worker ticks at the fastest enabled cadence (the throughput interval if none is)."""
@@ -232,6 +241,9 @@ class Settings(BaseSettings):
     apply_migrations: bool = True
     # Folders POST /plan may read profiles from (comma-separated), besides configured profiles.
     profile_roots: str = str(REPO_ROOT / "data" / "profiles")
+    # Demo and testing knob: the service's clock runs this many times faster than the wall clock
+    # (`planner demo` sets it to its --speed). Intervals, timeouts and leases are in scaled seconds.
+    time_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
 
     @field_validator("database_url")
     @classmethod

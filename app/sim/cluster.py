@@ -285,16 +285,22 @@ class Cluster:
     def ready_counts(self) -> dict[str, int]:
         return {role: len(self._serving[role]) for role in ROLES}
 
-    def gpu_seconds(self) -> float:
-        """GPU-seconds billed so far: every engine from its order until it stopped (or now)."""
+    def gpu_seconds(self, at_s: float | None = None) -> float:
+        """GPU-seconds billed: every engine from its order until it stopped, or until `at_s`
+        (default now; a time after the last change, such as the last request's finish)."""
+        end = self.now if at_s is None else at_s
         running = sum(
-            (self.now - s.ordered_s) * self.gpus_per_engine[role] for role in ROLES for s in self._slots[role]
+            (end - s.ordered_s) * self.gpus_per_engine[role] for role in ROLES for s in self._slots[role]
         )
         return self._stopped_gpu_s + running
 
     def engines(self, role: str) -> list[Engine]:
         """Engines that are serving or draining (those that report FPM)."""
         return [s.engine for s in self._slots[role] if s.ready_s <= self.now]
+
+    def serving_engines(self, role: str) -> list[Engine]:
+        """Engines taking new work (ready, not draining)."""
+        return [s.engine for s in self._serving[role]]
 
     def fpm_snapshot(self) -> dict[str, dict[tuple[str, int], ForwardPassMetrics]]:
         """The latest FPM of every serving or draining engine, per role."""

@@ -119,3 +119,43 @@ def load_replay_config(path: str | Path, deployment: str | None = None) -> Repla
     except ValidationError as exc:
         raise ConfigError(format_validation_error(str(path), exc)) from None
     return ReplayConfig(path=path, deployment=chosen, simulation=section.simulation)
+
+
+def with_overrides(
+    config: ReplayConfig,
+    *,
+    profile: str | None = None,
+    prefill_gpus: int | None = None,
+    decode_gpus: int | None = None,
+    ttft_ms: float | None = None,
+    itl_ms: float | None = None,
+    startup_delay_s: float | None = None,
+    truth_scale: float | None = None,
+    truth_profile: str | None = None,
+    seed: int | None = None,
+    rate_scale: float | None = None,
+) -> ReplayConfig:
+    """The command line's flags over the file, for one run (None: keep the file's value).
+    Paths given on the command line are relative to the current directory."""
+    d, sim = config.deployment, config.simulation
+    deployment_update: dict = {}
+    if profile is not None:
+        deployment_update["profile"] = str(Path(profile).resolve())
+    if ttft_ms is not None or itl_ms is not None:
+        sla = {"ttft_ms": ttft_ms, "itl_ms": itl_ms}
+        deployment_update["sla"] = d.sla.model_copy(update={k: v for k, v in sla.items() if v is not None})
+    for role, gpus in (("prefill", prefill_gpus), ("decode", decode_gpus)):
+        if gpus is not None:
+            deployment_update[role] = d.role(role).model_copy(update={"gpus_per_engine": gpus})  # type: ignore[arg-type]
+    simulation = {
+        "startup_delay_s": startup_delay_s,
+        "truth_scale": truth_scale,
+        "truth_profile": str(Path(truth_profile).resolve()) if truth_profile is not None else None,
+        "seed": seed,
+        "rate_scale": rate_scale,
+    }
+    return ReplayConfig(
+        path=config.path,
+        deployment=d.model_copy(update=deployment_update),
+        simulation=sim.model_copy(update={k: v for k, v in simulation.items() if v is not None}),
+    )

@@ -22,7 +22,14 @@ from app.core.interpolation import PerfModel
 
 
 class TruthModel:
-    def __init__(self, model: PerfModel, *, scale: float = 1.0, max_num_batched_tokens: int = 8192) -> None:
+    def __init__(
+        self,
+        model: PerfModel,
+        *,
+        scale: float = 1.0,
+        max_num_batched_tokens: int = 8192,
+        max_kv_tokens: int | None = None,
+    ) -> None:
         if not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"truth scale must be a positive number, got {scale!r}")
         if max_num_batched_tokens < 1:
@@ -30,7 +37,10 @@ class TruthModel:
         self.model = model
         self.scale = scale
         self.max_num_batched_tokens = int(max_num_batched_tokens)
-        self.max_kv_tokens = int(model.decode.max_kv_tokens)
+        # A deployment may declare its engines' KV capacity; the profile's otherwise.
+        self.max_kv_tokens = int(max_kv_tokens or model.decode.max_kv_tokens)
+        # The ITL grid is indexed by KV usage of the profile's capacity, whatever the engines have.
+        self._grid_kv_tokens = int(model.decode.max_kv_tokens)
         tokens = np.arange(self.max_num_batched_tokens + 1)
         self._prefill_s: list[float] = (model.prefill.ttft_ms_many(tokens) * scale / 1000.0).tolist()
         decode = model.decode
@@ -50,6 +60,6 @@ class TruthModel:
     def decode_iteration_s(self, sum_kv_tokens: float, num_requests: int) -> float:
         """One decode iteration of `num_requests` requests holding `sum_kv_tokens` of context."""
         last = self._last_index
-        ix = int(sum_kv_tokens / self.max_kv_tokens * last + 0.5)
+        ix = int(sum_kv_tokens / self._grid_kv_tokens * last + 0.5)
         iy = int(sum_kv_tokens / num_requests / self._context_step + 0.5)
         return self._itl_s[iy if iy < last else last][ix if ix < last else last]

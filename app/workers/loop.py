@@ -24,7 +24,7 @@ from app.config import DeploymentConfig
 from app.connectors.base import Connector
 from app.connectors.virtual import DecisionHub
 from app.core.errors import ConnectorError, ConnectorNotReadyError, SourceUnavailableError
-from app.core.throughput import ThroughputInput, ThroughputSettings
+from app.core.throughput import ThroughputInput
 from app.core.tick import on_tick
 from app.core.types import DecisionStatus, Role, TickSnapshot
 from app.metrics import PlannerMetrics
@@ -122,7 +122,9 @@ class DeploymentWorker:
                 overrides=overrides,
                 latest_decision=decision_store.view_of(latest) if latest else None,
                 throughput=throughput,
-                throughput_settings=self._throughput_settings() if throughput is not None else None,
+                throughput_settings=(
+                    self.config.throughput_settings(self.gpus_per_engine) if throughput is not None else None
+                ),
                 gpus_per_engine=self.gpus_per_engine,
                 budget_gpus=self.config.gpu_budget,
             )
@@ -172,14 +174,6 @@ class DeploymentWorker:
             latest if latest is not None and latest.status == DecisionStatus.PENDING else None
         )
         return TickReport(tick.id, decision, pending, summary)
-
-    def _throughput_settings(self) -> ThroughputSettings:
-        return ThroughputSettings(
-            interval_s=self.config.throughput.interval_s,
-            itl_target_ms=self.config.sla.itl_ms,
-            correction=self.config.throughput.correction,
-            gpus_per_engine=self.gpus_per_engine,
-        )
 
     async def gather_throughput(self) -> ThroughputInput:
         """Observe the last interval, feed the predictors, forecast the next one."""

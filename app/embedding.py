@@ -1,0 +1,225 @@
+"""The planner's decisions on someone else's clock: one small interface for simulators.
+
+`EmbeddedPlanner` runs the same decision code as `planner serve` (the tick chain of
+`app/core/tick.py`, the throughput step, the predictors, the decision protocol of
+`app/core/protocol.py`) without a database, HTTP or a wall clock. The embedder calls `on_tick`
+at the times it is told, with what its world looks like then, and applies the targets it gets.
+`planner replay` drives the planner this way; docs/embedding.md shows how another simulator can.
+
+Protocol, as the virtual connector's: a target is a decision that stays pending until the
+embedder's ready counts reach it (the acknowledgement); while it is pending no new automatic
+target is issued, until `connector.ack_timeout_s` (when it expires). Times are seconds on the
+embedder's clock, from any origin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from app.config import DeploymentConfig
+from app.core.fpm import ForwardPassMetrics
+from app.core.interpolation import PerfModel
+from app.core.predictors import TrafficPredictor
+from app.core.protocol import Verdict, judge
+from app.core.throughput import ThroughputInput
+from app.core.tick import on_tick
+from app.core.types import (
+    ActiveOverrides,
+    DecisionStatus,
+    DecisionView,
+    Replicas,
+    Role,
+    TickSnapshot,
+    TrafficObservation,
+)
+
+# Embedder seconds are mapped onto datetimes from this origin for the core, which speaks datetimes.
+_ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)
+
+FpmByEngine = Mapping[tuple[str, int], ForwardPassMetrics]
+
+
+@dataclass(frozen=True)
+class TrafficWindow:
+    """What the frontend served since the previous tick. None fields are unknown, not zero."""
+
+    duration_s: float
+    num_req: float | None
+    isl: float | None  # mean input tokens
+    osl: float | None  # mean output tokens
+    ttft_ms: float | None = None  # mean
+    itl_ms: float | None = None  # mean, token-weighted
+    request_duration_s: float | None = None  # mean
+
+    def as_observation(self) -> TrafficObservation:
+        return TrafficObservation(
+            duration_s=self.duration_s,
+            num_req=self.num_req,
+            isl=self.isl,
+            osl=self.osl,
+            ttft_ms=self.ttft_ms,
+            itl_ms=self.itl_ms,
+            request_duration_s=self.request_duration_s,
+        )
+
+
+@dataclass(frozen=True)
+class TickInput:
+    now_s: float
+    traffic: TrafficWindow | None
+    ready: Mapping[str, int]  # engines serving, per role
+    expected: Mapping[str, int]  # engines the embedder is moving towards (its last applied target)
+    fpm: Mapping[str, FpmByEngine] = field(default_factory=dict)  # role -> latest record per engine
+
+
+@dataclass(frozen=True)
+class TickOutput:
+    target: Replicas | None  # apply it; None: keep what you have
+    next_tick_s: float  # call on_tick again at this time
+    reasons: list[str]  # one line per stage of the decision chain, and the protocol's verdict
+    diagnostics: dict[str, Any]  # what the service stores as the tick record
+
+
+class EmbeddedPlanner:
+    def __init__(
+        self,
+        deployment: DeploymentConfig,
+        *,
+        model: PerfModel | None,
+        predictor: TrafficPredictor | None = None,
+        model_error: str | None = None,
+        start_s: float = 0.0,
+    ) -> None:
+        self.deployment = deployment
+        self.model = model
+        self.model_error = model_error if model is None else None
+        self.predictor = predictor
+        self.start_s = start_s
+        self.gpus_per_engine: dict[Role, int] = {
+            r: deployment.role(r).gpus_per_engine for r in deployment.roles
+        }
+        self._latest: DecisionView | None = None
+        self._next_id = 1
+
+    @classmethod
+    def from_config(
+        cls, deployment: DeploymentConfig, *, base_dir: Path, start_s: float = 0.0
+    ) -> EmbeddedPlanner:
+        """Profile and predictors as `planner serve` builds them (paths relative to `base_dir`)."""
+        from app.workers.resources import build_model_resources
+
+        resources = build_model_resources(deployment, base_dir=base_dir)
+        return cls(
+            deployment,
+            model=resources.model,
+            model_error=resources.model_error,
+            predictor=resources.predictor,
+            start_s=start_s,
+        )
+
+    @property
+    def interval_s(self) -> float:
+        return self.deployment.tick_interval_s
+
+    def initial_tick_s(self) -> float:
+        return self.start_s + self.interval_s
+
+    def on_tick(self, inp: TickInput) -> TickOutput:
+        now = _ORIGIN + timedelta(seconds=inp.now_s)
+        self._settle(inp.ready, now)
+        throughput = self._throughput(inp) if self.deployment.throughput.enabled else None
+        snapshot = TickSnapshot(
+            deployment=self.deployment.name,
+            roles=self.deployment.roles,
+            config_bounds=self.deployment.bounds(),
+            overrides=ActiveOverrides(),
+            latest_decision=self._latest,
+            throughput=throughput,
+            throughput_settings=(
+                self.deployment.throughput_settings(self.gpus_per_engine) if throughput is not None else None
+            ),
+            gpus_per_engine=self.gpus_per_engine,
+            budget_gpus=self.deployment.gpu_budget,
+        )
+        result = on_tick(snapshot, now)
+        diagnostics = dict(result.diagnostics)
+        diagnostics["at_s"] = inp.now_s
+        diagnostics["fpm"] = _fpm_summary(inp.fpm)
+        reasons = result.reasons
+        target = None
+        if result.target is not None and result.source is not None:
+            outcome = judge(
+                latest=self._latest,
+                target=result.target,
+                source=result.source,
+                now=now,
+                ack_timeout_s=self.deployment.connector.ack_timeout_s,
+            )
+            verdict = f"{outcome.verdict}: {outcome.reason}"
+            if outcome.verdict == Verdict.CREATE:
+                target = dict(result.target)
+                self._latest = DecisionView(
+                    id=self._next_id,
+                    replicas=target,
+                    source=result.source,
+                    status=DecisionStatus.PENDING,
+                    created_at=now,
+                )
+                self._next_id += 1
+        else:
+            verdict = "hold: no target"
+        diagnostics["verdict"] = verdict
+        return TickOutput(
+            target=target,
+            next_tick_s=inp.now_s + self.interval_s,
+            reasons=[*reasons, f"protocol: {verdict}"],
+            diagnostics=diagnostics,
+        )
+
+    def _settle(self, ready: Mapping[str, int], now: datetime) -> None:
+        """A pending target is acknowledged once every role's ready count equals it."""
+        latest = self._latest
+        if latest is None or latest.status != DecisionStatus.PENDING:
+            return
+        if all(ready.get(role) == count for role, count in latest.replicas.items()):
+            self._latest = DecisionView(
+                latest.id, latest.replicas, latest.source, DecisionStatus.SUCCEEDED, latest.created_at
+            )
+
+    def _throughput(self, inp: TickInput) -> ThroughputInput:
+        observation = inp.traffic.as_observation() if inp.traffic is not None else None
+        forecast = None
+        if observation is not None and self.predictor is not None:
+            self.predictor.observe(observation)
+            forecast = self.predictor.forecast()
+        return ThroughputInput(
+            observation=observation,
+            observation_error=None if observation is not None else "no traffic window given",
+            forecast=forecast,
+            model=self.model,
+            model_error=self.model_error,
+            decode_engines=inp.ready.get("decode"),
+        )
+
+
+def _fpm_summary(fpm: Mapping[str, FpmByEngine]) -> dict[str, Any]:
+    """Per role: engines reporting, queued prefill tokens, decode requests and KV tokens."""
+    summary: dict[str, Any] = {}
+    for role, records in fpm.items():
+        values = list(records.values())
+        summary[role] = {
+            "engines": len(values),
+            "queued_prefill_tokens": sum(r.queued.sum_prefill_tokens for r in values),
+            "decode_requests": sum(r.scheduled.num_decode_requests for r in values),
+            "decode_kv_tokens": sum(r.scheduled.sum_decode_kv_tokens for r in values),
+        }
+    return summary
+
+
+def seconds_of(at: datetime) -> float:
+    """An embedder time back from a datetime in the diagnostics."""
+    return (at - _ORIGIN).total_seconds()

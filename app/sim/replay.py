@@ -1,0 +1,251 @@
+"""`planner replay`: a policy steering the simulated cluster through a real trace, on simulated time.
+
+One run: read the replay file and the trace, apply `--rate-scale`, build the planner's model and
+the world's truth, compute the clairvoyant oracle, then alternate `cluster.run_until(next tick)`
+and `policy.tick(...)`, applying targets at once (the simulator plays the orchestrator: the
+planner's decision stays pending until the ready counts reach it). It ends when the last request
+has finished; engines are billed until then.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.config import ConfigError
+from app.core.errors import ProfileError
+from app.core.interpolation import PerfModel
+from app.core.traces import TraceRequest
+from app.embedding import EmbeddedPlanner
+from app.sim.cluster import ROLES, Cluster
+from app.sim.config import ReplayConfig
+from app.sim.oracle import OraclePlan, oracle_plan
+from app.sim.policies import OraclePolicy, PlannerPolicy, Policy, ReactivePolicy, StaticPolicy
+from app.sim.results import DecisionEvent, OracleStep, ReplayResult
+from app.sim.truth import TruthModel
+from app.sources.profile_files import load_profile
+
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+# How often the progress callback hears from a run, in simulated seconds.
+PROGRESS_STEP_S = 60.0
+
+Progress = Callable[[float, float], None]  # (simulated seconds done, simulated seconds expected)
+
+
+@dataclass(frozen=True)
+class World:
+    """What one replay's world is made of, built once and shared by every policy compared."""
+
+    config: ReplayConfig
+    requests: list[TraceRequest]
+    model: PerfModel  # the planner's
+    truth: TruthModel  # the world's
+    oracle: OraclePlan
+
+    @property
+    def gpus_per_engine(self) -> dict[str, int]:
+        d = self.config.deployment
+        return {role: d.role(role).gpus_per_engine for role in ROLES}
+
+
+def _model(path: Path, what: str) -> PerfModel:
+    try:
+        return PerfModel.from_profile(load_profile(path))
+    except ProfileError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+
+
+def build_world(config: ReplayConfig, requests: Sequence[TraceRequest]) -> World:
+    if not requests:
+        raise ConfigError("the trace has no requests")
+    d, sim = config.deployment, config.simulation
+    model = _model(config.resolve(d.profile), "profile")  # type: ignore[arg-type]
+    truth_model = (
+        model if sim.truth_profile is None else _model(config.resolve(sim.truth_profile), "truth profile")
+    )
+    truth = TruthModel(
+        truth_model,
+        scale=sim.truth_scale,
+        max_num_batched_tokens=d.prefill.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        max_kv_tokens=d.decode.max_kv_tokens,
+    )
+    requests = list(requests)
+    plan = oracle_plan(
+        requests,
+        truth,
+        interval_s=sim.oracle.interval_s,
+        ttft_target_ms=d.sla.ttft_ms,
+        itl_target_ms=d.sla.itl_ms,
+        startup_delay_s=sim.startup_delay_s,
+        gpus_per_engine={role: d.role(role).gpus_per_engine for role in ROLES},
+        quantile=sim.oracle.quantile,
+    )
+    return World(config, requests, model, truth, plan)
+
+
+def make_policy(name: str, world: World) -> Policy:
+    d, sim = world.config.deployment, world.config.simulation
+    oracle = OraclePolicy(world.oracle)
+    initial = oracle.initial()
+    if sim.initial_prefill is not None:
+        initial["prefill"] = sim.initial_prefill
+    if sim.initial_decode is not None:
+        initial["decode"] = sim.initial_decode
+    if name == "oracle":
+        return oracle
+    if name == "static":
+        return StaticPolicy.for_peak(
+            world.requests, world.model, itl_target_ms=d.sla.itl_ms, gpus=world.gpus_per_engine
+        )
+    if name == "reactive":
+        bounds = {role: (d.role(role).min_replicas, d.role(role).max_replicas) for role in ROLES}
+        return ReactivePolicy(sim.reactive, initial, bounds)
+    if name == "planner":
+        planner = EmbeddedPlanner.from_config(d, base_dir=world.config.base_dir)
+        return PlannerPolicy(planner, initial, with_fpm=d.load.enabled)
+    raise ConfigError(f"--policy: unknown policy {name!r} (choose from planner, static, reactive, oracle)")
+
+
+def _oracle_timeline(plan: OraclePlan) -> list[OracleStep]:
+    times = sorted({t for role in ROLES for t, _ in plan.schedules[role].steps})
+    return [OracleStep(t, {role: plan.schedules[role].count_at(t) for role in ROLES}) for t in times]
+
+
+def run_policy(
+    world: World,
+    policy: Policy,
+    *,
+    trace_name: str,
+    settings: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> ReplayResult:
+    sim = world.config.simulation
+    started = time.perf_counter()
+    cluster = Cluster(
+        world.truth,
+        world.requests,
+        initial=policy.initial(),
+        startup_delay_s=sim.startup_delay_s,
+        gpus_per_engine=world.gpus_per_engine,
+        model_name=world.config.deployment.model_name or world.config.deployment.name,
+    )
+    decisions: list[DecisionEvent] = []
+    next_tick = policy.first_tick_s()
+    expected_s = cluster.last_arrival_s
+    horizon = 0.0
+    while not cluster.done:
+        horizon += PROGRESS_STEP_S
+        while next_tick <= horizon and not cluster.done:
+            cluster.run_until(next_tick)
+            if cluster.done:
+                break
+            step = policy.tick(next_tick, cluster)
+            if step.target is not None:
+                for role, count in step.target.items():
+                    if role in ROLES and count != cluster.targets[role]:
+                        cluster.set_target(role, count)
+            decisions.append(DecisionEvent(next_tick, step.target, step.reason))
+            # A policy that answers with a time not after now would spin.
+            next_tick = step.next_tick_s if step.next_tick_s > next_tick else math.inf
+        if not cluster.done:
+            cluster.run_until(horizon)
+        if progress is not None:
+            progress(min(horizon, expected_s), expected_s)
+    end_s = max(r.finish_s for r in cluster.requests)  # type: ignore[type-var]
+    return ReplayResult(
+        policy=policy.name,
+        trace=trace_name,
+        ttft_target_ms=world.config.deployment.sla.ttft_ms,
+        itl_target_ms=world.config.deployment.sla.itl_ms,
+        startup_delay_s=sim.startup_delay_s,
+        truth_scale=sim.truth_scale,
+        gpus_per_engine=world.gpus_per_engine,
+        requests=cluster.requests,
+        timeline=cluster.timeline,
+        decisions=decisions,
+        gpu_hours=cluster.gpu_seconds(at_s=end_s) / 3600.0,
+        oracle_gpu_hours=world.oracle.gpu_hours,
+        oracle_timeline=_oracle_timeline(world.oracle),
+        end_s=end_s,
+        wall_s=time.perf_counter() - started,
+        settings=settings or {},
+    )
+
+
+def load_requests(config: ReplayConfig, trace: Path) -> list[TraceRequest]:
+    """The trace at the configured rate scale; a bad file is one ConfigError naming it."""
+    from app.sim.workload import expand_rate
+    from app.sources.traces import load_trace
+
+    try:
+        requests = load_trace(trace)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--trace: {exc}") from None
+    sim = config.simulation
+    return expand_rate(requests, sim.rate_scale, sim.seed)
+
+
+def run_command(args: Any) -> int:
+    """`planner replay` (arguments parsed by app/cli.py)."""
+    import sys
+
+    from tqdm import tqdm
+
+    from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+    from app.sim.outputs import summarize, write_outputs
+
+    config = load_replay_config(args.config or DEFAULT_REPLAY_CONFIG, args.deployment)
+    config = with_overrides(
+        config,
+        profile=args.profile,
+        prefill_gpus=args.prefill_gpus,
+        decode_gpus=args.decode_gpus,
+        ttft_ms=args.ttft_ms,
+        itl_ms=args.itl_ms,
+        startup_delay_s=args.startup_delay_s,
+        truth_scale=args.truth_scale,
+        truth_profile=args.truth_profile,
+        seed=args.seed,
+        rate_scale=args.rate_scale,
+    )
+    trace = Path(args.trace)
+    requests = load_requests(config, trace)
+    print(f"trace {trace}: {len(requests)} requests over {requests[-1].arrival_s:.0f} s", file=sys.stderr)
+    print("computing the clairvoyant oracle ...", file=sys.stderr)
+    world = build_world(config, requests)
+    policy = make_policy(args.policy, world)
+    settings = {
+        "config": str(config.path),
+        "deployment": config.deployment.name,
+        "trace": str(trace),
+        "policy": args.policy,
+        "rate_scale": config.simulation.rate_scale,
+        "seed": config.simulation.seed,
+        "profile": config.deployment.profile,
+        "truth_profile": config.simulation.truth_profile or config.deployment.profile,
+    }
+    with tqdm(
+        total=round(requests[-1].arrival_s),
+        unit="sim s",
+        desc=f"replay {args.policy}",
+        file=sys.stderr,
+        disable=None,  # off when stderr is not a terminal
+    ) as bar:
+
+        def progress(done_s: float, total_s: float) -> None:
+            bar.update(round(done_s) - bar.n)
+
+        result = run_policy(world, policy, trace_name=trace.name, settings=settings, progress=progress)
+    summary = summarize(result)
+    paths = write_outputs(result, Path(args.out), summary=summary)
+    print(
+        f"{result.policy}: {summary['requests']} requests, SLO attainment {summary['slo_attainment']:.1%}, "
+        f"{summary['gpu_hours']:.2f} GPU-hours ({summary['oracle_gpu_hours']:.2f} for the oracle), "
+        f"{summary['scaling_actions']} scaling actions; {result.wall_s:.1f} s"
+    )
+    print(f"wrote {', '.join(str(p) for p in paths.values())}")
+    return 0
