@@ -175,6 +175,49 @@ def cmd_plan(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
+    from app.sim.replay import run_command
+
+    return run_command(args)
+
+
+def _add_replay(sub: argparse._SubParsersAction) -> None:
+    replay = sub.add_parser(
+        "replay",
+        help="replay a request trace through a simulated cluster steered by a policy",
+        description="Replay a trace (Mooncake JSONL, Azure CSV or Dynamo request trace) through the "
+        "simulated cluster under one policy; write summary.json, requests.csv, replicas.csv, "
+        "decisions.csv and report.html to --out.",
+    )
+    replay.error = _one_line_error  # type: ignore[method-assign]
+    positive = _number(minimum=0, inclusive=False)
+    non_negative = _number(minimum=0, inclusive=True)
+    gpus = _number(minimum=1, inclusive=True, integer=True)
+    replay.add_argument("--trace", required=True, help="request trace file")
+    replay.add_argument("--out", required=True, help="output directory")
+    replay.add_argument("--config", help="replay file (default: examples/replay.yaml)")
+    replay.add_argument("--deployment", help="deployment of the replay file (default: its only one)")
+    replay.add_argument(
+        "--policy",
+        default="planner",
+        choices=("planner", "static", "reactive", "oracle"),
+        help="default: planner",
+    )
+    replay.add_argument("--profile", help="the planner's profile directory (overrides the file)")
+    replay.add_argument("--prefill-gpus", type=gpus, help="GPUs per prefill engine")
+    replay.add_argument("--decode-gpus", type=gpus, help="GPUs per decode engine")
+    replay.add_argument("--ttft-ms", type=positive, help="TTFT target (ms)")
+    replay.add_argument("--itl-ms", type=positive, help="ITL target (ms)")
+    replay.add_argument("--startup-delay-s", type=non_negative, help="engine start-up delay (s)")
+    replay.add_argument(
+        "--truth-scale", type=positive, help="the world's latencies are the truth profile's x X"
+    )
+    replay.add_argument("--truth-profile", help="the world's profile (default: the planner's)")
+    replay.add_argument("--rate-scale", type=positive, help="K requests per trace request, arrivals +-0.5 s")
+    replay.add_argument("--seed", type=_number(minimum=0, inclusive=True, integer=True), help="default: 0")
+    replay.set_defaults(func=cmd_replay)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="planner", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -214,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--min-replicas", type=_number(minimum=0, inclusive=True, integer=True), default=1)
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     plan.set_defaults(func=cmd_plan)
+    _add_replay(sub)
     return parser
 
 
