@@ -1,0 +1,251 @@
+"""A replay's outputs: summary.json, requests.csv, replicas.csv, decisions.csv and report.html.
+
+Per-request quantities are computed once, as numpy columns (`request_table`): a long trace has
+~600k requests, and a Python pass per request and per metric would dominate the write time.
+
+SLO rules (the same in the summary and in requests.csv's `met_slo`, so its mean is
+`slo_attainment`): a request meets its SLO when it finished, its TTFT is within the target and its
+mean ITL is within the target; a one-token output has no ITL, so only its TTFT counts.
+`ttft_attainment` counts every request whose first token came in time (even if its decode never
+finished); `itl_attainment` counts finished requests whose ITL is within target (one-token outputs
+included). Every attainment is a share of *all* requests: what was never served is a miss.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.sim.cluster import ROLES, ReplicaSample
+from app.sim.engines import SimRequest
+from app.sim.results import ReplayResult
+
+REQUEST_COLUMNS = (
+    "id",
+    "arrival_s",
+    "isl",
+    "osl",
+    "prefill_engine",
+    "decode_engine",
+    "ttft_ms",
+    "itl_ms",
+    "e2e_s",
+    "met_slo",
+)
+REPLICA_COLUMNS = ("at_s", "role", "target", "billed", "ready", "starting", "draining")
+DECISION_COLUMNS = ("at_s", "target_prefill", "target_decode", "reason")
+
+# CSV precision: a microsecond is far below anything the simulation resolves, and full float reprs
+# would double the size of a 600k-row requests.csv.
+_SECONDS_DECIMALS = 6
+_MS_DECIMALS = 3
+
+
+@dataclass(frozen=True)
+class RequestTable:
+    """Per-request columns in request order; NaN where a value is not known."""
+
+    arrival_s: np.ndarray
+    isl: np.ndarray
+    osl: np.ndarray
+    ttft_ms: np.ndarray  # NaN: no first token
+    itl_ms: np.ndarray  # NaN: unfinished, or a one-token output
+    e2e_s: np.ndarray  # NaN: unfinished
+    finished: np.ndarray
+    met_ttft: np.ndarray
+    met_itl: np.ndarray  # True for a finished one-token output: it has no ITL to miss
+    met_slo: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.arrival_s.size)
+
+
+def request_table(
+    requests: Sequence[SimRequest], ttft_target_ms: float, itl_target_ms: float
+) -> RequestTable:
+    n = len(requests)
+    arrival_s = np.fromiter((r.arrival_s for r in requests), dtype=float, count=n)
+    isl = np.fromiter((r.isl for r in requests), dtype=np.int64, count=n)
+    osl = np.fromiter((r.osl for r in requests), dtype=np.int64, count=n)
+    # dtype=float turns None (not happened) into NaN, which every comparison below treats as a miss.
+    first_token_s = np.array([r.first_token_s for r in requests], dtype=float)
+    finish_s = np.array([r.finish_s for r in requests], dtype=float)
+
+    finished = ~np.isnan(finish_s)
+    ttft_ms = (first_token_s - arrival_s) * 1000.0
+    multi_token = osl > 1
+    itl_ms = np.full(n, np.nan)
+    np.divide(
+        (finish_s - first_token_s) * 1000.0,
+        osl - 1,
+        out=itl_ms,
+        where=multi_token & finished,
+    )
+    met_ttft = ttft_ms <= ttft_target_ms
+    met_itl = finished & (~multi_token | (itl_ms <= itl_target_ms))
+    return RequestTable(
+        arrival_s=arrival_s,
+        isl=isl,
+        osl=osl,
+        ttft_ms=ttft_ms,
+        itl_ms=itl_ms,
+        e2e_s=finish_s - arrival_s,
+        finished=finished,
+        met_ttft=met_ttft,
+        met_itl=met_itl,
+        met_slo=finished & met_ttft & met_itl,
+    )
+
+
+def _share(mask: np.ndarray) -> float | None:
+    return float(mask.mean()) if mask.size else None
+
+
+def latency_stats(values: np.ndarray) -> dict[str, float | None]:
+    """p50/p90/p99 (numpy's default, linear) and mean of the known (non-NaN) values."""
+    known = values[~np.isnan(values)]
+    if not known.size:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    p50, p90, p99 = np.percentile(known, [50.0, 90.0, 99.0])
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(known.mean())}
+
+
+def target_changes(timeline: Sequence[ReplicaSample]) -> tuple[dict[str, int], dict[str, int]]:
+    """Per role: how many times the target changed, and Σ |Δ target|. A role's first sample is its
+    starting point, not a change; samples that only record engines becoming ready or stopping
+    repeat the target and count for nothing."""
+    actions = dict.fromkeys(ROLES, 0)
+    churn = dict.fromkeys(ROLES, 0)
+    last: dict[str, int] = {}
+    for sample in timeline:
+        previous = last.get(sample.role)
+        if previous is not None and sample.target != previous:
+            actions[sample.role] = actions.get(sample.role, 0) + 1
+            churn[sample.role] = churn.get(sample.role, 0) + abs(sample.target - previous)
+        last[sample.role] = sample.target
+    return actions, churn
+
+
+def summarize(result: ReplayResult, *, table: RequestTable | None = None) -> dict[str, Any]:
+    """The run's headline numbers, JSON-ready (plain floats and ints, None for undefined)."""
+    if table is None:
+        table = request_table(result.requests, result.ttft_target_ms, result.itl_target_ms)
+    finished = table.finished
+    actions, churn = target_changes(result.timeline)
+    return {
+        "policy": result.policy,
+        "trace": result.trace,
+        "requests": len(table),
+        "completed": int(finished.sum()),
+        "unfinished": int((~finished).sum()),
+        "slo_attainment": _share(table.met_slo),
+        "ttft_attainment": _share(table.met_ttft),
+        "itl_attainment": _share(table.met_itl),
+        # Latency distributions are over finished requests only: an unfinished request's latency
+        # is unknown (it is already counted as a miss above).
+        "ttft_ms": latency_stats(table.ttft_ms[finished]),
+        "itl_ms": latency_stats(table.itl_ms[finished]),
+        "gpu_hours": float(result.gpu_hours),
+        "oracle_gpu_hours": float(result.oracle_gpu_hours),
+        "gpu_hours_over_oracle": (
+            float(result.gpu_hours / result.oracle_gpu_hours) if result.oracle_gpu_hours else None
+        ),
+        "scaling_actions": sum(actions.values()),
+        "scaling_actions_by_role": actions,
+        "replica_churn": sum(churn.values()),
+        "replica_churn_by_role": churn,
+        "decisions": len(result.decisions),
+        "targets": {"ttft_ms": float(result.ttft_target_ms), "itl_ms": float(result.itl_target_ms)},
+        "startup_delay_s": float(result.startup_delay_s),
+        "truth_scale": float(result.truth_scale),
+        "gpus_per_engine": dict(result.gpus_per_engine),
+        "simulated_s": float(result.end_s),
+        "wall_s": float(result.wall_s),
+        "simulated_s_per_wall_s": float(result.end_s / result.wall_s) if result.wall_s > 0 else None,
+        "settings": result.settings,
+    }
+
+
+def _cells(values: np.ndarray, decimals: int) -> list[float | None]:
+    """Rounded Python floats, None (the csv module writes an empty cell) where unknown."""
+    cells = np.round(values, decimals).astype(object)
+    cells[np.isnan(values)] = None
+    return cells.tolist()
+
+
+def _write_requests(path: Path, requests: Sequence[SimRequest], table: RequestTable) -> None:
+    columns = zip(
+        [r.id for r in requests],
+        _cells(table.arrival_s, _SECONDS_DECIMALS),
+        table.isl.tolist(),
+        table.osl.tolist(),
+        [r.prefill_engine for r in requests],
+        [r.decode_engine for r in requests],
+        _cells(table.ttft_ms, _MS_DECIMALS),
+        _cells(table.itl_ms, _MS_DECIMALS),
+        _cells(table.e2e_s, _SECONDS_DECIMALS),
+        table.met_slo.astype(np.int8).tolist(),
+        strict=True,
+    )
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(REQUEST_COLUMNS)
+        writer.writerows(columns)
+
+
+def _write_replicas(path: Path, timeline: Sequence[ReplicaSample]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(REPLICA_COLUMNS)
+        writer.writerows(
+            (round(s.at_s, _SECONDS_DECIMALS), s.role, s.target, s.billed, s.ready, s.starting, s.draining)
+            for s in timeline
+        )
+
+
+def _write_decisions(path: Path, result: ReplayResult) -> None:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(DECISION_COLUMNS)
+        writer.writerows(
+            (
+                round(d.at_s, _SECONDS_DECIMALS),
+                None if d.target is None else d.target.get("prefill"),
+                None if d.target is None else d.target.get("decode"),
+                d.reason,
+            )
+            for d in result.decisions
+        )
+
+
+def write_outputs(result: ReplayResult, out_dir: Path, *, summary: dict | None = None) -> dict[str, Path]:
+    """Write every output file into `out_dir` (created if needed); returns their paths by kind:
+    summary, requests, replicas, decisions, report."""
+    # report.py imports this module for the request table, so import it only when needed.
+    from app.sim.report import render_report
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = request_table(result.requests, result.ttft_target_ms, result.itl_target_ms)
+    if summary is None:
+        summary = summarize(result, table=table)
+    paths = {
+        "summary": out_dir / "summary.json",
+        "requests": out_dir / "requests.csv",
+        "replicas": out_dir / "replicas.csv",
+        "decisions": out_dir / "decisions.csv",
+        "report": out_dir / "report.html",
+    }
+    # default=str: settings are "as given" and may hold Paths or other non-JSON values.
+    paths["summary"].write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    _write_requests(paths["requests"], result.requests, table)
+    _write_replicas(paths["replicas"], result.timeline)
+    _write_decisions(paths["decisions"], result)
+    paths["report"].write_text(render_report(result, summary, table=table), encoding="utf-8")
+    return paths
