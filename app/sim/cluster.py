@@ -160,7 +160,6 @@ class Cluster:
             engine.enqueue(request)
             end = engine.start(now)
             if end is not None:
-                self._emit(engine)
                 self._push(end, _PREFILL_DONE, engine)
         else:
             request.decode_engine = engine.id
@@ -169,7 +168,6 @@ class Cluster:
 
     def _restart_decode(self, engine: DecodeEngine, end: float | None) -> None:
         if end is not None:
-            self._emit(engine)
             self._push(end, _DECODE_DONE, engine, engine.version)
 
     def _prefill_done(self, engine: PrefillEngine) -> None:
@@ -182,18 +180,11 @@ class Cluster:
                 self._route("decode", request)
         end = engine.start(now)
         if end is not None:
-            self._emit(engine)
             self._push(end, _PREFILL_DONE, engine)
         else:
             self._maybe_stop(engine)
 
     def _decode_done(self, engine: DecodeEngine) -> None:
-        if self.on_fpm is not None:
-            # One record per iteration of the segment that just ended (the first was emitted
-            # when it was planned).
-            start, iters = engine.counter, engine.segment_iters
-            for i in range(1, iters):
-                self.on_fpm(engine.fpm(counter=start + i))
         finished, end = engine.finish(self.now)
         for request in finished:
             self._complete(request, self.now)
@@ -207,17 +198,15 @@ class Cluster:
         self.completed += 1
         self.frontend.on_complete(request.isl, request.osl, request.itl_s, now - request.arrival_s)
 
-    def _emit(self, engine: Engine) -> None:
-        if self.on_fpm is not None:
-            self.on_fpm(engine.fpm())
-
     # --- scaling ----------------------------------------------------------------------------
 
     def _order(self, role: str, ready_s: float) -> None:
         self._engine_no[role] += 1
         engine_id = f"{role}-{self._engine_no[role]}"
         engine: Engine = (
-            PrefillEngine(engine_id, self.truth) if role == "prefill" else DecodeEngine(engine_id, self.truth)
+            PrefillEngine(engine_id, self.truth, self.on_fpm)
+            if role == "prefill"
+            else DecodeEngine(engine_id, self.truth, self.on_fpm)
         )
         slot = _Slot(engine, ordered_s=self.now, ready_s=ready_s)
         self._slots[role].append(slot)

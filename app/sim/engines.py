@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.core.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics
 from app.sim.truth import TruthModel
+
+FpmCallback = Callable[[ForwardPassMetrics], None]
 
 
 class SimRequest:
@@ -95,9 +98,10 @@ class PrefillEngine:
 
     role = "prefill"
 
-    def __init__(self, engine_id: str, truth: TruthModel) -> None:
+    def __init__(self, engine_id: str, truth: TruthModel, on_fpm: FpmCallback | None = None) -> None:
         self.id = engine_id
         self.truth = truth
+        self.on_fpm = on_fpm
         # [request, prompt tokens still to compute]
         self.queue: deque[list] = deque()
         self.pending_tokens = 0  # prompt tokens not yet computed, including the running iteration's
@@ -124,11 +128,13 @@ class PrefillEngine:
         budget = self.truth.max_num_batched_tokens
         batch: list[tuple[SimRequest, int, bool]] = []
         tokens = 0
+        earlier_chunks = 0  # prompt tokens of these requests computed in earlier iterations
         while self.queue and tokens < budget:
             entry = self.queue[0]
             request, remaining = entry
             take = min(remaining, budget - tokens)
             tokens += take
+            earlier_chunks += request.isl - remaining
             last = take == remaining
             batch.append((request, take, last))
             if last:
@@ -143,12 +149,14 @@ class PrefillEngine:
             prefill_requests=len(batch),
             prefill_tokens=tokens,
             var_prefill_length=_variance([r.isl for r, _, _ in batch]),
-            prefill_kv_tokens=sum(r.isl - take for r, take, last in batch if last),
+            prefill_kv_tokens=earlier_chunks,
         )
         return self.busy_until
 
     def finish(self, now: float) -> list[SimRequest]:
         """End the running iteration; the requests whose prompt is now complete."""
+        if self.on_fpm is not None:
+            self.on_fpm(self.fpm())
         done = []
         for request, take, last in self._batch:
             self.pending_tokens -= take
@@ -189,9 +197,10 @@ class DecodeEngine:
 
     role = "decode"
 
-    def __init__(self, engine_id: str, truth: TruthModel) -> None:
+    def __init__(self, engine_id: str, truth: TruthModel, on_fpm: FpmCallback | None = None) -> None:
         self.id = engine_id
         self.truth = truth
+        self.on_fpm = on_fpm
         self.max_kv_tokens = truth.max_kv_tokens
         self.waiting: deque[SimRequest] = deque()
         self.waiting_kv = 0
@@ -279,6 +288,7 @@ class DecodeEngine:
             done += 1
         if done >= self.segment_iters:
             return None
+        self._report(done)
         self.counter += done
         boundary = self.segment_start_s + done * self.iteration_s
         self.segment_iters = 0
@@ -287,6 +297,7 @@ class DecodeEngine:
 
     def finish(self, now: float) -> tuple[list[SimRequest], float | None]:
         """The segment ended at `now`: the finished requests and the next segment's end."""
+        self._report(self.segment_iters)
         self.counter += self.segment_iters
         self.segment_iters = 0
         done = []
@@ -300,6 +311,13 @@ class DecodeEngine:
             done.append(request)
         self._admit(now)
         return done, self._plan(now)
+
+    def _report(self, iterations: int) -> None:
+        """One FPM record per iteration completed in this segment, as an engine reports each
+        iteration once it has run."""
+        if self.on_fpm is not None:
+            for i in range(iterations):
+                self.on_fpm(self.fpm(counter=self.counter + i))
 
     def iterations_between(self, start_s: float, end_s: float) -> int:
         if not self.busy or self.iteration_s <= 0:
