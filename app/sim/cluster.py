@@ -143,7 +143,7 @@ class Cluster:
                     self._decode_done(engine)
             elif kind == _READY:
                 self._became_ready(obj)  # type: ignore[arg-type]
-        self.now = max(self.now, until_s)
+        self.now = max(self.now, float(until_s))
 
     def _route(self, role: str, request: SimRequest) -> None:
         serving = self._serving[role]
