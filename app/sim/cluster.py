@@ -124,7 +124,7 @@ class Cluster:
                 requests[self._next_arrival].arrival_s if self._next_arrival < len(requests) else math.inf
             )
             next_event = events[0][0] if events else math.inf
-            if min(next_arrival, next_event) > until_s:
+            if min(next_arrival, next_event) > until_s or next_arrival == next_event == math.inf:
                 break
             if next_arrival <= next_event:
                 request = requests[self._next_arrival]

@@ -204,11 +204,11 @@ class OraclePolicy:
 
     def __init__(self, plan) -> None:  # app.sim.oracle.OraclePlan
         self.plan = plan
-        times = sorted({t for role in ROLES for t, _ in plan.schedules[role].steps if t > 0})
+        times = sorted({t for role in ROLES for t, _ in plan.schedule[role].steps if t > 0})
         self._times = deque(times)
 
     def initial(self) -> dict[str, int]:
-        return {role: self.plan.schedules[role].initial for role in ROLES}
+        return {role: self.plan.schedule[role].initial for role in ROLES}
 
     def first_tick_s(self) -> float:
         return self._times[0] if self._times else math.inf
@@ -216,6 +216,6 @@ class OraclePolicy:
     def tick(self, now_s: float, cluster: Cluster) -> PolicyStep:
         while self._times and self._times[0] <= now_s:
             self._times.popleft()
-        target = {role: self.plan.schedules[role].count_at(now_s) for role in ROLES}
+        target = {role: self.plan.schedule[role].count_at(now_s) for role in ROLES}
         next_s = self._times[0] if self._times else math.inf
         return PolicyStep(target, "oracle: the clairvoyant schedule", next_s)

@@ -25,7 +25,7 @@ from app.sim.cluster import ROLES, Cluster
 from app.sim.config import ReplayConfig
 from app.sim.oracle import OraclePlan, oracle_plan
 from app.sim.policies import OraclePolicy, PlannerPolicy, Policy, ReactivePolicy, StaticPolicy
-from app.sim.results import DecisionEvent, OracleStep, ReplayResult
+from app.sim.results import DecisionEvent, ReplayResult
 from app.sim.truth import TruthModel
 from app.sources.profile_files import load_profile
 
@@ -110,11 +110,6 @@ def make_policy(name: str, world: World) -> Policy:
     raise ConfigError(f"--policy: unknown policy {name!r} (choose from planner, static, reactive, oracle)")
 
 
-def _oracle_timeline(plan: OraclePlan) -> list[OracleStep]:
-    times = sorted({t for role in ROLES for t, _ in plan.schedules[role].steps})
-    return [OracleStep(t, {role: plan.schedules[role].count_at(t) for role in ROLES}) for t in times]
-
-
 def run_policy(
     world: World,
     policy: Policy,
@@ -169,7 +164,7 @@ def run_policy(
         decisions=decisions,
         gpu_hours=cluster.gpu_seconds(at_s=end_s) / 3600.0,
         oracle_gpu_hours=world.oracle.gpu_hours,
-        oracle_timeline=_oracle_timeline(world.oracle),
+        oracle_timeline=world.oracle.timeline,
         end_s=end_s,
         wall_s=time.perf_counter() - started,
         settings=settings or {},
