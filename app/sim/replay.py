@@ -59,9 +59,8 @@ def _model(path: Path, what: str) -> PerfModel:
         raise ConfigError(f"{what}: {exc}") from None
 
 
-def build_world(config: ReplayConfig, requests: Sequence[TraceRequest]) -> World:
-    if not requests:
-        raise ConfigError("the trace has no requests")
+def load_models(config: ReplayConfig) -> tuple[PerfModel, TruthModel]:
+    """The planner's model and the world's truth; a bad profile is one ConfigError."""
     d, sim = config.deployment, config.simulation
     model = _model(config.resolve(d.profile), "profile")  # type: ignore[arg-type]
     truth_model = (
@@ -73,6 +72,18 @@ def build_world(config: ReplayConfig, requests: Sequence[TraceRequest]) -> World
         max_num_batched_tokens=d.prefill.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
         max_kv_tokens=d.decode.max_kv_tokens,
     )
+    return model, truth
+
+
+def build_world(
+    config: ReplayConfig,
+    requests: Sequence[TraceRequest],
+    models: tuple[PerfModel, TruthModel] | None = None,
+) -> World:
+    if not requests:
+        raise ConfigError("the trace has no requests")
+    d, sim = config.deployment, config.simulation
+    model, truth = models or load_models(config)
     requests = list(requests)
     plan = oracle_plan(
         requests,
@@ -209,9 +220,10 @@ def run_command(args: Any) -> int:
     )
     trace = Path(args.trace)
     requests = load_requests(config, trace)
+    models = load_models(config)
     print(f"trace {trace}: {len(requests)} requests over {requests[-1].arrival_s:.0f} s", file=sys.stderr)
     print("computing the clairvoyant oracle ...", file=sys.stderr)
-    world = build_world(config, requests)
+    world = build_world(config, requests, models)
     policy = make_policy(args.policy, world)
     settings = {
         "config": str(config.path),

@@ -1,0 +1,128 @@
+"""`planner replay` as a real process: its outputs, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MOONCAKE = REPO_ROOT / "data" / "traces" / "mooncake_trace_arxiv_first1000.jsonl"
+
+
+def replay(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLANNER_")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", "replay", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _slice(tmp_path: Path, rows: int) -> Path:
+    """The first `rows` requests of the bundled Mooncake arXiv slice (real timing)."""
+    path = tmp_path / "slice.jsonl"
+    path.write_text("".join(MOONCAKE.read_text().splitlines(keepends=True)[:rows]))
+    return path
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("policy", ["planner", "static", "reactive", "oracle"])
+def test_a_replay_writes_its_outputs(tmp_path: Path, policy: str) -> None:
+    trace = _slice(tmp_path, 300)
+    out = tmp_path / "out"
+    run = replay(
+        "--trace", str(trace), "--policy", policy, "--rate-scale", "3", "--startup-delay-s", "30",
+        "--ttft-ms", "2000", "--out", str(out),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert f"{policy}: 900 requests" in run.stdout
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["policy"] == policy
+    assert summary["requests"] == 900
+    assert summary["completed"] == 900
+    assert summary["targets"] == {"ttft_ms": 2000.0, "itl_ms": 30.0}
+    assert summary["startup_delay_s"] == 30.0
+    for key in ("p50", "p90", "p99"):
+        assert summary["ttft_ms"][key] > 0 and summary["itl_ms"][key] > 0
+    assert summary["ttft_ms"]["p50"] <= summary["ttft_ms"]["p90"] <= summary["ttft_ms"]["p99"]
+    assert summary["gpu_hours"] > 0 and summary["oracle_gpu_hours"] > 0
+
+    with (out / "requests.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 900
+    met = sum(int(r["met_slo"]) for r in rows)
+    assert met / 900 == pytest.approx(summary["slo_attainment"])
+    with (out / "replicas.csv").open() as f:
+        replicas = list(csv.DictReader(f))
+    assert {r["role"] for r in replicas} == {"prefill", "decode"}
+    assert replicas[0]["at_s"] == "0.0"
+    html = (out / "report.html").read_text()
+    assert html.lstrip().lower().startswith("<!doctype html>")
+    assert policy in html
+
+
+def test_flags_reach_the_run(tmp_path: Path) -> None:
+    trace = _slice(tmp_path, 100)
+    out = tmp_path / "out"
+    run = replay(
+        "--trace", str(trace), "--policy", "static", "--truth-scale", "1.2", "--itl-ms", "40",
+        "--prefill-gpus", "2", "--seed", "3", "--out", str(out),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["truth_scale"] == 1.2
+    assert summary["targets"]["itl_ms"] == 40.0
+    assert summary["gpus_per_engine"] == {"prefill": 2, "decode": 1}
+    assert summary["settings"]["seed"] == 3
+
+
+@pytest.mark.parametrize(
+    ("setup", "args", "message"),
+    [
+        ("none", ["--trace", "missing.jsonl"], "planner: error: --trace: "),
+        ("garbage", ["--trace", "{trace}"], "planner: error: --trace: "),
+        ("empty", ["--trace", "{trace}"], "empty trace file"),
+        ("header", ["--trace", "{trace}"], "no requests"),
+        ("good", ["--trace", "{trace}", "--truth-scale", "0"], "--truth-scale: must be a number > 0"),
+        ("good", ["--trace", "{trace}", "--policy", "magic"], "--policy: invalid choice: 'magic'"),
+        ("good", ["--trace", "{trace}", "--config", "nope.yaml"], "nope.yaml: replay file not found"),
+        ("good", ["--trace", "{trace}", "--profile", "/nonexistent"], "profile: "),
+        (
+            "good",
+            ["--trace", "{trace}", "--startup-delay-s", "-1"],
+            "--startup-delay-s: must be a number >= 0",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_a_non_zero_exit(
+    tmp_path: Path, setup: str, args: list[str], message: str
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    if setup == "garbage":
+        trace.write_text("this is not a trace\n")
+    elif setup == "empty":
+        trace.write_text("\n")
+    elif setup == "header":
+        trace = tmp_path / "trace.csv"
+        trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    elif setup == "good":
+        trace = _slice(tmp_path, 5)
+    out = tmp_path / "out"
+    run = replay(*[a.replace("{trace}", str(trace)) for a in args], "--out", str(out))
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("planner: error: ")
+    assert message in lines[0]
+    assert not (out / "summary.json").exists()
