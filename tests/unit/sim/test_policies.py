@@ -1,0 +1,122 @@
+"""The replay's policies on small worlds: what each one orders, and when."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from app.core.replicas import plan_replicas
+from app.core.traces import TraceRequest, bucket_requests
+from app.sim.config import DEFAULT_REPLAY_CONFIG, ReactiveConfig, load_replay_config, with_overrides
+from app.sim.policies import ReactivePolicy, StaticPolicy
+from app.sim.replay import build_world, make_policy, run_policy
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _poisson(rate_rps: float, start_s: float, end_s: float, seed: int, isl: int = 1000, osl: int = 100):
+    rng = random.Random(seed)
+    t, out = start_s, []
+    while True:
+        t += rng.expovariate(rate_rps)
+        if t >= end_s:
+            return out
+        out.append(TraceRequest(t, isl, osl))
+
+
+def _step_trace() -> list[TraceRequest]:
+    """Light, then four times heavier for five minutes, then light again."""
+    trace = _poisson(20, 0, 300, 1) + _poisson(80, 300, 600, 2) + _poisson(20, 600, 1200, 3)
+    return sorted(trace, key=lambda r: r.arrival_s)
+
+
+@pytest.fixture(scope="module")
+def world():
+    config = with_overrides(load_replay_config(DEFAULT_REPLAY_CONFIG), startup_delay_s=60)
+    return build_world(config, _step_trace())
+
+
+def test_static_is_the_profile_formula_at_the_busiest_minute(world) -> None:
+    policy = make_policy("static", world)
+    expected = {"prefill": 1, "decode": 1}
+    for minute in bucket_requests(world.requests, 60.0):
+        plan = plan_replicas(
+            model=world.model,
+            num_req=minute.num_req,
+            interval_s=60.0,
+            isl_tokens=minute.isl,
+            osl_tokens=minute.osl,
+            itl_target_ms=30,
+        )
+        expected = {
+            "prefill": max(expected["prefill"], plan.num_prefill),
+            "decode": max(expected["decode"], plan.num_decode),
+        }
+    assert policy.initial() == expected
+    result = run_policy(world, policy, trace_name="step")
+    assert result.decisions == []
+    assert {(s.role, s.billed) for s in result.timeline} == {
+        ("prefill", expected["prefill"]),
+        ("decode", expected["decode"]),
+    }
+
+
+def test_the_oracle_policy_bills_what_the_oracle_schedule_says(world) -> None:
+    result = run_policy(world, make_policy("oracle", world), trace_name="step")
+    for role in ("prefill", "decode"):
+        schedule = world.oracle.schedule[role]
+        for sample in (s for s in result.timeline if s.role == role):
+            # The cluster's target follows the schedule; draining engines may bill a little longer.
+            assert sample.target == schedule.count_at(sample.at_s)
+            assert sample.billed >= sample.target
+    # Enough engines are ready whenever the oracle said they were needed.
+    interval = world.config.simulation.oracle.interval_s
+    for role in ("prefill", "decode"):
+        for k, needed in enumerate(world.oracle.demand[role]):
+            at = k * interval
+            ready = [s.ready for s in result.timeline if s.role == role and s.at_s <= at][-1]
+            assert ready >= needed, (role, k)
+
+
+def test_the_planner_never_issues_a_target_while_the_last_one_is_not_ready(world) -> None:
+    result = run_policy(world, make_policy("planner", world), trace_name="step")
+    targets = [d for d in result.decisions if d.target is not None]
+    assert len(targets) >= 2  # the step makes it scale up and back down
+    assert max(d.target["prefill"] for d in targets) > min(d.target["prefill"] for d in targets)
+    for before, after in zip(targets, targets[1:], strict=False):
+        for role, count in before.target.items():
+            ready = [s.ready for s in result.timeline if s.role == role and s.at_s < after.at_s][-1]
+            assert ready == count, (before, after)
+    held = [d for d in result.decisions if d.target is None and "awaiting_ack" in d.reason]
+    # With a 60 s start-up delay and a 180 s interval every target is ready by the next tick.
+    assert held == []
+
+
+def test_reactive_scales_up_at_once_and_down_only_after_the_window() -> None:
+    config = ReactiveConfig(interval_s=15, tolerance=0.1, scale_down_window_s=300, prefill_queue_target=2)
+    policy = ReactivePolicy(config, {"prefill": 1, "decode": 1}, {"prefill": (1, 10), "decode": (1, 10)})
+    world_config = with_overrides(load_replay_config(DEFAULT_REPLAY_CONFIG), startup_delay_s=30)
+    trace = sorted(
+        _poisson(150, 0, 120, 4, isl=4000) + _poisson(2, 120, 1200, 5, isl=4000), key=lambda r: r.arrival_s
+    )
+    world = build_world(world_config, trace)
+    result = run_policy(world, policy, trace_name="burst")
+    prefill = [(s.at_s, s.target) for s in result.timeline if s.role == "prefill"]
+    peak_at, peak = max(prefill, key=lambda p: (p[1], -p[0]))
+    assert peak > 1
+    assert peak_at < 120  # it reacted during the burst
+    first_down = next(t for t, target in prefill if t > peak_at and target < peak)
+    # The last tick that wanted the peak was at or after the burst's end; no scale-down within
+    # the 300 s window after it.
+    assert first_down >= 120 + 300 - 15
+    ticks = [d.at_s for d in result.decisions]
+    assert all(math.isclose(b - a, 15) for a, b in zip(ticks, ticks[1:], strict=False))
+
+
+def test_static_policy_never_ticks() -> None:
+    policy = StaticPolicy({"prefill": 2, "decode": 3}, "fixed")
+    assert policy.first_tick_s() == math.inf
+    assert policy.initial() == {"prefill": 2, "decode": 3}
