@@ -135,7 +135,9 @@ class ReactivePolicy:
     """HPA's algorithm per role: desired = ceil(current × metric ÷ target), unchanged within the
     tolerance, and a scale-down only to the highest desired count of the stabilisation window.
     Metrics: prefill, requests queued or running per serving engine; decode, the share of KV
-    cache reserved or waiting per serving engine. HPA's scale-up rate limits are left out."""
+    cache reserved or waiting per serving engine. As HPA's default scale-up policy, one tick
+    adds at most max(100%, 4 engines). The window starts filled with the initial count, as if the
+    autoscaler had been running before the trace began."""
 
     name = "reactive"
 
@@ -145,7 +147,7 @@ class ReactivePolicy:
         self.config = config
         self._initial = initial
         self.bounds = bounds
-        self._history: dict[str, deque[tuple[float, int]]] = {role: deque() for role in ROLES}
+        self._history = {role: deque([(0.0, initial.get(role, 0))]) for role in ROLES}
 
     def initial(self) -> dict[str, int]:
         return dict(self._initial)
@@ -184,7 +186,7 @@ class ReactivePolicy:
                 desired = math.ceil(max(cluster.ready_counts()[role], 1) * ratio)
                 notes.append(f"{role}: ratio {ratio:.2f}, desired {desired}")
             low, high = self.bounds[role]
-            desired = max(low, min(high, desired))
+            desired = max(low, min(high, desired, max(2 * current, current + 4)))
             history = self._history[role]
             history.append((now_s, desired))
             while history and history[0][0] < now_s - cfg.scale_down_window_s:

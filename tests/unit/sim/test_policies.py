@@ -95,6 +95,16 @@ def test_the_planner_never_issues_a_target_while_the_last_one_is_not_ready(world
     assert held == []
 
 
+def test_reactive_does_not_scale_down_before_the_window_has_passed_since_the_start() -> None:
+    config = ReactiveConfig(interval_s=15, scale_down_window_s=300)
+    policy = ReactivePolicy(config, {"prefill": 6, "decode": 6}, {"prefill": (1, 10), "decode": (1, 10)})
+    world_config = with_overrides(load_replay_config(DEFAULT_REPLAY_CONFIG), startup_delay_s=30)
+    world = build_world(world_config, _poisson(1, 0, 600, 6))
+    result = run_policy(world, policy, trace_name="light")
+    first_down = min(s.at_s for s in result.timeline if s.target < 6)
+    assert first_down == 300.0 + 15.0  # the window holds (0, 6) until it is older than 300 s
+
+
 def test_reactive_scales_up_at_once_and_down_only_after_the_window() -> None:
     config = ReactiveConfig(interval_s=15, tolerance=0.1, scale_down_window_s=300, prefill_queue_target=2)
     policy = ReactivePolicy(config, {"prefill": 1, "decode": 1}, {"prefill": (1, 10), "decode": (1, 10)})
@@ -112,6 +122,12 @@ def test_reactive_scales_up_at_once_and_down_only_after_the_window() -> None:
     # The last tick that wanted the peak was at or after the burst's end; no scale-down within
     # the 300 s window after it.
     assert first_down >= 120 + 300 - 15
+    # HPA's default scale-up policy: at most doubling, or four more, per tick.
+    targets = [d.target["prefill"] for d in result.decisions if d.target is not None]
+    previous = 1
+    for target in targets:
+        assert target <= max(2 * previous, previous + 4)
+        previous = target
     ticks = [d.at_s for d in result.decisions]
     assert all(math.isclose(b - a, 15) for a, b in zip(ticks, ticks[1:], strict=False))
 
