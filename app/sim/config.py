@@ -41,7 +41,7 @@ class ReactiveConfig(_Strict):
     # Prefill: requests queued or running per ready engine.
     prefill_queue_target: float = Field(default=2.0, gt=0)
     # Decode: share of the KV cache in use (reserved or waiting) per ready engine.
-    decode_kv_target: float = Field(default=0.5, gt=0, le=1)
+    decode_kv_target: float = Field(default=0.3, gt=0, le=1)
 
 
 class OracleConfig(_Strict):
