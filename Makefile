@@ -11,7 +11,7 @@ export PLANNER_CONFIG
 
 PYTEST_ARGS ?=
 
-.PHONY: all run test bench lint openapi clean
+.PHONY: all run serve test bench lint openapi clean
 
 all: test
 
@@ -20,7 +20,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -e '.[dev]'
 	touch $@
 
+# The demo: the service against a simulated cluster replaying the bundled Azure trace
+# (extra flags: make run DEMO_ARGS='--speed 20').
+DEMO_TRACE ?= data/traces/AzureLLMInferenceTrace_conv.csv
+DEMO_ARGS ?=
+
 run: $(STAMP)
+	$(BIN)/planner demo --trace $(DEMO_TRACE) $(DEMO_ARGS)
+
+# The service alone, on $(PLANNER_CONFIG) (what `make run` did before the demo).
+serve: $(STAMP)
 	$(BIN)/planner serve
 
 test: $(STAMP)

@@ -48,7 +48,14 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         upgrade(settings.database_url)
     log.info("listening on http://%s:%d", settings.host, settings.port)
     uvicorn.run(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(), access_log=False
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level.lower(),
+        access_log=False,
+        # Held long-polls (up to 300 s) must not keep a stopping planner alive; orchestrators
+        # poll again and another process (or this one, restarted) answers.
+        timeout_graceful_shutdown=5,
     )
     return 0
 
@@ -218,6 +225,71 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     replay.set_defaults(func=cmd_replay)
 
 
+# --- planner demo: the service against a simulated cluster ----------------------------------------
+
+
+def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
+    from app.sim.demo import DemoOptions, run_demo
+
+    return run_demo(
+        DemoOptions(
+            config=Path(args.config),
+            trace=Path(args.trace),
+            speed=args.speed,
+            rate_scale=args.rate_scale,
+            port=args.port,
+            exit_at_end=args.exit_at_end,
+            duration_s=args.duration_s,
+            log_level=settings.log_level,
+        )
+    )
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from app.sim.config import DEFAULT_REPLAY_CONFIG
+    from app.sim.demo import DEFAULT_PORT, DEFAULT_RATE_SCALE, DEFAULT_SPEED, DEFAULT_TRACE
+
+    demo = sub.add_parser(
+        "demo",
+        help="the service against a simulated cluster replaying a trace, in accelerated real time",
+        description="Start `planner serve` (SQLite in a temporary directory) and a simulated "
+        "cluster replaying a request trace: the planner scrapes the simulated frontend's /metrics, "
+        "engines publish ForwardPassMetrics over ZMQ, and an orchestrator long-polls the decisions "
+        "and acknowledges them once the engines are up. Ctrl-C stops everything.",
+    )
+    demo.error = _one_line_error  # type: ignore[method-assign]
+    positive = _number(minimum=0, inclusive=False)
+    demo.add_argument("--trace", default=str(DEFAULT_TRACE), help="request trace (default: %(default)s)")
+    demo.add_argument(
+        "--config",
+        default=str(DEFAULT_REPLAY_CONFIG),
+        help="replay file: deployment and simulation (default: %(default)s)",
+    )
+    demo.add_argument(
+        "--speed",
+        type=positive,
+        default=DEFAULT_SPEED,
+        help="simulated seconds per wall second (default: %(default)g)",
+    )
+    demo.add_argument(
+        "--rate-scale",
+        type=positive,
+        default=DEFAULT_RATE_SCALE,
+        help="replay the trace at K times its request rate (default: %(default)g)",
+    )
+    demo.add_argument(
+        "--port",
+        type=_number(minimum=1, inclusive=True, integer=True),
+        default=DEFAULT_PORT,
+        help="the planner service's port on 127.0.0.1 (default: %(default)s)",
+    )
+    demo.add_argument("--exit-at-end", action="store_true", help="stop when the trace has been served")
+    demo.add_argument(
+        "--duration-s", type=positive, default=None, help="stop after this many simulated seconds"
+    )
+    demo.set_defaults(func=cmd_demo)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="planner", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -258,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     plan.set_defaults(func=cmd_plan)
     _add_replay(sub)
+    _add_demo(sub)
     return parser
 
 

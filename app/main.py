@@ -23,7 +23,7 @@ from app.connectors.virtual import DecisionHub, PgDecisionListener
 from app.metrics import PlannerMetrics
 from app.store.db import is_postgres, make_engine, make_session_factory
 from app.store.decisions import ensure_deployments
-from app.workers.clock import Clock, SystemClock
+from app.workers.clock import Clock, ScaledClock, SystemClock
 from app.workers.loop import DeploymentWorker, process_identity
 from app.workers.resources import build_model_resources, make_connector, make_source
 
@@ -65,6 +65,8 @@ def create_app(
             listener.start()
         holder = process_identity()
         http = httpx.AsyncClient(timeout=httpx.Timeout(10.0))
+        clock = app.state.clock
+        scaled_monotonic = clock.scaled_monotonic if isinstance(clock, ScaledClock) else None
         workers = {
             d.name: DeploymentWorker(
                 config=d,
@@ -74,7 +76,7 @@ def create_app(
                 clock=app.state.clock,
                 holder=holder,
                 resources=model_resources[d.name],
-                source=make_source(d, http),
+                source=make_source(d, http, monotonic=scaled_monotonic),
                 connector=make_connector(d),
             )
             for d in deployments.deployments
@@ -110,6 +112,10 @@ def create_app(
     app.state.settings = settings
     app.state.deployments = deployments
     app.state.tokens = settings.tokens()
+    if clock is None and settings.time_scale != 1:
+        # Accelerated time for `planner demo` and tests: intervals and timeouts in scaled seconds.
+        log.warning("time runs %g times faster than the wall clock (PLANNER_TIME_SCALE)", settings.time_scale)
+        clock = ScaledClock(settings.time_scale)
     app.state.clock = clock or SystemClock()
     app.state.metrics = metrics
     app.state.profile_roots = [Path(p).resolve() for p in settings.profile_roots.split(",") if p.strip()] + [

@@ -108,6 +108,9 @@ class PrefillEngine:
         self.busy_until: float | None = None
         self._batch: list[tuple[SimRequest, int, bool]] = []  # (request, tokens, last chunk)
         self.last: Iteration | None = None
+        # Σ and Σ² of the queued prompts' lengths, for FPM without walking a long backlog.
+        self._queued_isl = 0
+        self._queued_isl_sq = 0
 
     @property
     def load(self) -> int:
@@ -120,6 +123,8 @@ class PrefillEngine:
     def enqueue(self, request: SimRequest) -> None:
         self.queue.append([request, request.isl])
         self.pending_tokens += request.isl
+        self._queued_isl += request.isl
+        self._queued_isl_sq += request.isl * request.isl
 
     def start(self, now: float) -> float | None:
         """Begin the next iteration if idle and there is work; its end time, or None."""
@@ -139,6 +144,8 @@ class PrefillEngine:
             batch.append((request, take, last))
             if last:
                 self.queue.popleft()
+                self._queued_isl -= request.isl
+                self._queued_isl_sq -= request.isl * request.isl
             else:
                 entry[1] = remaining - take
         wall_s = self.truth.prefill_iteration_s(tokens)
@@ -169,7 +176,8 @@ class PrefillEngine:
 
     def fpm(self) -> ForwardPassMetrics:
         last = self.last if self.busy_until is not None else None
-        queued = [entry[0].isl for entry in self.queue]
+        n = len(self.queue)
+        mean = self._queued_isl / n if n else 0.0
         return ForwardPassMetrics(
             worker_id=self.id,
             dp_rank=0,
@@ -183,9 +191,9 @@ class PrefillEngine:
             if last
             else ScheduledRequestMetrics(),
             queued=QueuedRequestMetrics(
-                num_prefill_requests=len(queued),
-                sum_prefill_tokens=sum(entry[1] for entry in self.queue),
-                var_prefill_length=_variance(queued),
+                num_prefill_requests=n,
+                sum_prefill_tokens=self.pending_tokens - (last.prefill_tokens if last else 0),
+                var_prefill_length=max(0.0, self._queued_isl_sq / n - mean * mean) if n else 0.0,
             ),
         )
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -21,6 +24,40 @@ class SystemClock:
         delay_s = (at - self.now()).total_seconds()
         if delay_s > 0:
             await asyncio.sleep(delay_s)
+
+
+class ScaledClock:
+    """Accelerated real time for demos and tests (`PLANNER_TIME_SCALE`): `now` starts at the wall
+    time of construction and runs `speed` times faster, so a 180 s throughput interval or an
+    ack timeout passes in 180 / speed wall seconds. Sleeps last (simulated delay) / speed."""
+
+    def __init__(
+        self,
+        speed: float,
+        *,
+        start: datetime | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not (math.isfinite(speed) and speed > 0):
+            raise ValueError(f"speed must be a finite number > 0, got {speed!r}")
+        self.speed = float(speed)
+        self._start = start if start is not None else datetime.now(UTC)
+        self._monotonic = monotonic
+        self._t0 = monotonic()
+
+    def now(self) -> datetime:
+        # Elapsed time from the monotonic clock: a wall-clock step (NTP) must not jump the
+        # simulated time.
+        return self._start + timedelta(seconds=(self._monotonic() - self._t0) * self.speed)
+
+    def scaled_monotonic(self) -> float:
+        """Monotonic seconds at this clock's speed, for interval measurements (scrape sources)."""
+        return self._monotonic() * self.speed
+
+    async def sleep_until(self, at: datetime) -> None:
+        delay_s = (at - self.now()).total_seconds()
+        if delay_s > 0:
+            await asyncio.sleep(delay_s / self.speed)
 
 
 class ManualClock:

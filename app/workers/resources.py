@@ -9,6 +9,7 @@ connectors are made in the lifespan, where the event loop they use exists.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from app.core.errors import ProfileError
 from app.core.interpolation import PerfModel
 from app.core.predictors import TrafficPredictor
 from app.core.traces import bucket_requests
+from app.sources.frontend_scrape import FrontendScrapeSource
 from app.sources.profile_files import load_profile
 from app.sources.traces import load_trace
 from app.sources.traffic import TrafficSource, make_traffic_source
@@ -83,5 +85,18 @@ def make_connector(deployment: DeploymentConfig) -> Connector | None:
     return None
 
 
-def make_source(deployment: DeploymentConfig, client: httpx.AsyncClient) -> TrafficSource | None:
+def make_source(
+    deployment: DeploymentConfig,
+    client: httpx.AsyncClient,
+    *,
+    monotonic: Callable[[], float] | None = None,
+) -> TrafficSource | None:
+    """The deployment's traffic source. `monotonic` (accelerated time, PLANNER_TIME_SCALE) is the
+    clock a direct frontend scrape measures its intervals with, so that a scrape interval is in
+    the same seconds as the service's clock; Prometheus computes its own windows."""
+    sources = deployment.sources
+    if monotonic is not None and sources.prometheus is None and sources.frontend_url:
+        return FrontendScrapeSource(
+            sources.frontend_url, model_name=deployment.model_name, client=client, monotonic=monotonic
+        )
     return make_traffic_source(deployment, client=client)

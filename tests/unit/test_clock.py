@@ -1,14 +1,16 @@
-"""ManualClock: time moves only on `advance`, and sleepers wake exactly when their time has come."""
+"""ManualClock: time moves only on `advance`, and sleepers wake exactly when their time has come.
+ScaledClock: accelerated real time (PLANNER_TIME_SCALE)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.workers.clock import ManualClock
+from app.workers.clock import ManualClock, ScaledClock
 
 pytestmark = pytest.mark.anyio
 
@@ -97,3 +99,47 @@ async def test_cancelled_sleeper_does_not_break_advance() -> None:
     await settle()
     assert cancelled.cancelled()
     assert other.done() and other.result() is None
+
+
+class FakeMonotonic:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_scaled_clock_runs_speed_times_faster() -> None:
+    wall = FakeMonotonic()
+    clock = ScaledClock(60.0, start=T0, monotonic=wall)
+    assert clock.now() == T0
+    wall.t += 3.0  # three wall seconds are three simulated minutes
+    assert clock.now() == T0 + timedelta(minutes=3)
+    assert clock.now().tzinfo is UTC
+    assert clock.scaled_monotonic() == pytest.approx(1003.0 * 60.0)
+
+
+def test_scaled_clock_starts_at_the_wall_time() -> None:
+    before = datetime.now(UTC)
+    clock = ScaledClock(10.0)
+    assert before <= clock.now() <= datetime.now(UTC) + timedelta(seconds=60)
+    assert clock.now().tzinfo is not None
+
+
+async def test_scaled_clock_sleeps_divided_by_speed() -> None:
+    """A 20 s sleep at speed 200 lasts 0.1 wall seconds; without the division it would take 20."""
+    clock = ScaledClock(200.0)
+    target = clock.now() + timedelta(seconds=20)
+    wall_start = time.monotonic()
+    await clock.sleep_until(target)
+    assert time.monotonic() - wall_start < 5.0  # generous: a loaded machine may be slow to wake us
+    assert clock.now() >= target
+    started = time.monotonic()
+    await clock.sleep_until(target - timedelta(seconds=60))  # already past: returns at once
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.parametrize("speed", [0.0, -1.0, float("nan"), float("inf")])
+def test_scaled_clock_rejects_bad_speeds(speed: float) -> None:
+    with pytest.raises(ValueError, match="speed"):
+        ScaledClock(speed)

@@ -514,3 +514,22 @@ def test_load_settings_reads_the_environment(planner_env: pytest.MonkeyPatch) ->
         9090,
         {"abcdefgh": "viewer"},
     )
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [("0", None), ("-2", None), ("nan", None), ("inf", None), ("fast", None), ("1", 1.0), ("25.5", 25.5)],
+)
+def test_time_scale(planner_env: pytest.MonkeyPatch, given: str, expected: float | None) -> None:
+    """PLANNER_TIME_SCALE (the demo's accelerated clock) is a finite number > 0."""
+    planner_env.setenv("PLANNER_TIME_SCALE", given)
+    if expected is None:
+        with pytest.raises(ConfigError) as info:
+            load_settings()
+        assert str(info.value).startswith("PLANNER_TIME_SCALE: ")
+    else:
+        assert load_settings().time_scale == expected
+
+
+def test_time_scale_defaults_to_real_time(planner_env: pytest.MonkeyPatch) -> None:
+    assert load_settings().time_scale == 1.0

@@ -1,0 +1,545 @@
+"""`planner demo`: the real service against a simulated cluster, in accelerated real time.
+
+The demo process runs, in one event loop:
+- the simulated cluster (`app/sim/cluster.py`) replaying a trace, advanced to
+  `sim_now = (wall elapsed) × speed` every STEP_S wall seconds;
+- the simulated frontend's `/metrics` (and the demo's `/status`) on a loopback port, which the
+  planner scrapes (`sources.frontend_url`);
+- one ZMQ publisher per engine sending its ForwardPassMetrics every iteration
+  (`sources.fpm_endpoints`);
+- an orchestrator that long-polls the planner for decisions, orders the engines, and
+  acknowledges once they are up.
+
+The planner itself is `planner serve` in a child process with `PLANNER_TIME_SCALE=speed`, an
+SQLite database in a temporary directory and a deployments file generated from the replay
+config, so its 180 s throughput interval and its ack timeout pass in simulated seconds.
+
+Output: the URLs to open, a status line every STATUS_EVERY_S wall seconds, a summary when the
+trace ends, and at exit one JSON line (`{"demo": "stopped", ...}`) with the final state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from app.config import REPO_ROOT, ConfigError, DeploymentConfig, load_deployments
+from app.core.traces import TraceRequest
+from app.sim.cluster import ROLES, Cluster
+from app.sim.config import DEFAULT_REPLAY_CONFIG, ReplayConfig, load_replay_config, with_overrides
+from app.sim.live import FpmPublisher, HttpEndpoint, Orchestrator, PlannerService, ServiceError
+from app.sim.oracle import required_engines
+from app.sim.replay import load_models, load_requests
+from app.sim.truth import TruthModel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TRACE = REPO_ROOT / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+DEFAULT_SPEED = 10.0
+# The bundled trace at its own rate fits on one engine of each role; 30× makes scaling matter.
+DEFAULT_RATE_SCALE = 30.0
+DEFAULT_PORT = 8080
+
+STEP_S = 0.025  # wall seconds between simulation steps
+STATUS_EVERY_S = 5.0  # wall seconds between status lines
+SLOW_STEP_S = 1.0  # a step longer than this (wall) means the simulator cannot keep up
+READY_TIMEOUT_S = 90.0  # wall seconds for `planner serve` to migrate, scrape and tick once
+STOP_TIMEOUT_S = 10.0  # wall seconds for the service to stop on SIGTERM before it is killed
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    config: Path = DEFAULT_REPLAY_CONFIG
+    trace: Path = DEFAULT_TRACE
+    speed: float = DEFAULT_SPEED
+    rate_scale: float = DEFAULT_RATE_SCALE
+    port: int = DEFAULT_PORT
+    exit_at_end: bool = False
+    duration_s: float | None = None  # stop after this many simulated seconds
+    log_level: str = "INFO"  # the service's PLANNER_LOG_LEVEL
+
+
+@dataclass
+class DemoPlan:
+    """Everything read and validated before anything starts (bad input: one line, exit 2)."""
+
+    options: DemoOptions
+    replay: ReplayConfig
+    requests: list[TraceRequest]
+    truth: TruthModel
+    profile_dir: Path
+    initial: dict[str, int]
+
+    @property
+    def deployment(self) -> DeploymentConfig:
+        return self.replay.deployment
+
+
+def prepare(options: DemoOptions) -> DemoPlan:
+    """Read the replay config, the trace and the profile; ConfigError names what is wrong."""
+    if not (math.isfinite(options.speed) and options.speed > 0):
+        raise ConfigError(f"--speed: must be a number > 0, got {options.speed!r}")
+    replay = with_overrides(load_replay_config(options.config), rate_scale=options.rate_scale)
+    deployment = replay.deployment
+    profile_dir = replay.resolve(deployment.profile or "")
+    _, truth = load_models(replay)
+    requests = load_requests(replay, Path(options.trace))
+    if options.duration_s is not None:
+        # Requests after the stop would never arrive: leave them out of the totals.
+        requests = [r for r in requests if r.arrival_s <= options.duration_s]
+    if not requests:
+        raise ConfigError(f"--trace: {options.trace}: no requests before --duration-s {options.duration_s}")
+    sim = replay.simulation
+    # Start warm, as the replay does: the engines the oracle finds the first minute needs (a
+    # cold 1 + 1 at 30x the trace's rate builds a backlog that takes minutes to drain).
+    first = required_engines(
+        [r for r in requests if r.arrival_s < sim.oracle.interval_s],
+        truth,
+        interval_s=sim.oracle.interval_s,
+        ttft_target_ms=deployment.sla.ttft_ms,
+        itl_target_ms=deployment.sla.itl_ms,
+        quantile=sim.oracle.quantile,
+    )
+    initial = {role: max(1, counts[0] if counts else 1) for role, counts in first.items()}
+    if sim.initial_prefill is not None:
+        initial["prefill"] = sim.initial_prefill
+    if sim.initial_decode is not None:
+        initial["decode"] = sim.initial_decode
+    return DemoPlan(options, replay, requests, truth, profile_dir.resolve(), initial)
+
+
+def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port: must be between 1 and 65535, got {port}")
+    with socket.socket() as sock:
+        # As the server will (uvicorn sets SO_REUSEADDR): connections of an earlier run lingering
+        # in TIME_WAIT do not make the port busy.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(f"--port: {host}:{port} is not free ({exc.strerror})") from None
+
+
+def service_deployments_file(
+    plan: DemoPlan, *, frontend_url: str, fpm_endpoints: list[str]
+) -> dict[str, Any]:
+    """The replay config's deployment as `planner serve` reads it: absolute paths, the virtual
+    connector (the demo's orchestrator), and the simulated frontend and engines as sources."""
+    deployment = plan.deployment
+    raw = deployment.model_dump(mode="json", exclude_none=True)
+    raw["profile"] = str(plan.replay.resolve(deployment.profile or "").resolve())
+    if deployment.throughput.warmup_trace:
+        raw["throughput"]["warmup_trace"] = str(
+            plan.replay.resolve(deployment.throughput.warmup_trace).resolve()
+        )
+    raw["connector"] = {"type": "virtual", "ack_timeout_s": deployment.connector.ack_timeout_s}
+    raw["model_name"] = model_name(deployment)
+    raw["sources"] = {"frontend_url": frontend_url, "fpm_endpoints": fpm_endpoints}
+    return {"deployments": [raw]}
+
+
+def model_name(deployment: DeploymentConfig) -> str:
+    return deployment.model_name or deployment.name
+
+
+def _clock_text(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class Demo:
+    """One demo run; `run()` returns the exit status."""
+
+    def __init__(self, plan: DemoPlan, *, out: Callable[[str], None] | None = None) -> None:
+        self.plan = plan
+        self.options = plan.options
+        self.out = out or (lambda line: print(line, flush=True))
+        deployment = plan.deployment
+        slots = deployment.prefill.max_replicas + deployment.decode.max_replicas
+        self.publisher: FpmPublisher | None = None
+        self._slots = slots
+        self.cluster: Cluster | None = None
+        self.frontend = HttpEndpoint({"/metrics": self._metrics, "/status": self._status_json})
+        self.service: PlannerService | None = None
+        self.orchestrator: Orchestrator | None = None
+        self.tmp_dir: Path | None = None
+        self._t0: float | None = None  # monotonic wall time of simulated t = 0
+        self._wall_started = time.monotonic()
+        self._busy_s = 0.0  # wall time spent inside cluster.run_until
+        self.ended: asyncio.Event | None = None
+        self.end_reason: str | None = None
+        self.stop_reason = "stopped"
+        self.summary: dict[str, Any] | None = None
+
+    # --- the simulated clock ---------------------------------------------------------------
+
+    def sim_now(self) -> float:
+        if self._t0 is None:
+            return 0.0
+        now = (time.monotonic() - self._t0) * self.options.speed
+        duration = self.options.duration_s
+        return min(now, duration) if duration is not None else now
+
+    async def _simulate(self) -> None:
+        """Advance the cluster to the simulated now, every STEP_S; note the end of the trace."""
+        cluster, publisher = self.cluster, self.publisher
+        assert cluster is not None and publisher is not None and self.ended is not None
+        drained_at = warned_at = 0.0
+        while True:
+            target = self.sim_now()
+            started = time.monotonic()
+            cluster.run_until(target)
+            live = {e.id for role in ROLES for e in cluster.engines(role)}
+            publisher.release_stopped(live)
+            step_s = time.monotonic() - started
+            self._busy_s += step_s
+            if step_s > SLOW_STEP_S and started - warned_at > 30.0:
+                # Simulated time stays tied to the wall clock; only the steps get coarser (the
+                # frontend and the orchestrator answer between steps).
+                log.warning(
+                    "one simulation step took %.1f s of wall time: the simulator cannot keep up at "
+                    "speed %g (try a lower --speed or --rate-scale)",
+                    step_s,
+                    self.options.speed,
+                )
+                warned_at = started
+            if started - drained_at > 1.0:
+                publisher.drain_subscriptions()
+                drained_at = started
+            if not self.ended.is_set():
+                if self.options.duration_s is not None and target >= self.options.duration_s:
+                    self._end("duration")
+                elif cluster.done:
+                    self._end("end_of_trace")
+            await asyncio.sleep(STEP_S)
+
+    def _end(self, reason: str) -> None:
+        assert self.ended is not None
+        self.end_reason = reason
+        self.summary = self._summary()
+        self._print_summary(self.summary)
+        self.ended.set()
+
+    # --- HTTP: the frontend's /metrics and the demo's /status ---------------------------------
+
+    def _metrics(self) -> tuple[str, bytes]:
+        assert self.cluster is not None
+        return PROMETHEUS_TEXT, self.cluster.frontend.render_prometheus().encode()
+
+    def _status_json(self) -> tuple[str, bytes]:
+        return "application/json", json.dumps(self.state()).encode()
+
+    def state(self) -> dict[str, Any]:
+        """The demo's state as JSON-able data: `/status` and the final line."""
+        cluster = self.cluster
+        orchestrator = self.orchestrator.state if self.orchestrator else None
+        last_acked = orchestrator.last_acked if orchestrator else None
+        in_flight = orchestrator.in_flight if orchestrator else None
+        latest = orchestrator.latest if orchestrator else None
+        counts = {role: cluster.counts(role) for role in ROLES} if cluster else {}
+        return {
+            "sim_s": round(cluster.now, 3) if cluster else 0.0,
+            "speed": self.options.speed,
+            "ready": {role: c[1] for role, c in counts.items()},
+            "billed": {role: c[0] for role, c in counts.items()},
+            "targets": dict(cluster.targets) if cluster else {},
+            "last_acked": {"id": last_acked.id, "replicas": last_acked.targets} if last_acked else None,
+            "in_flight": {"id": in_flight.id, "targets": in_flight.targets} if in_flight else None,
+            "latest_decision": (
+                {"id": latest.id, "targets": latest.targets, "status": latest.status} if latest else None
+            ),
+            "decisions_applied": len(orchestrator.applied) if orchestrator else 0,
+            "acks": orchestrator.acks if orchestrator else 0,
+            "requests": {
+                "total": len(cluster.requests) if cluster else 0,
+                "arrived": cluster.frontend.started if cluster else 0,
+                "completed": cluster.completed if cluster else 0,
+            },
+            "fpm": {
+                "sent": self.publisher.sent if self.publisher else 0,
+                "dropped": self.publisher.dropped if self.publisher else 0,
+                "unplaced": self.publisher.unplaced if self.publisher else 0,
+                "endpoints": self.publisher.endpoints if self.publisher else [],
+            },
+            "ended": self.end_reason,
+            # Wall seconds inside cluster.run_until, and CPU seconds of the whole demo process.
+            "sim_busy_s": round(self._busy_s, 3),
+            "cpu_s": round(time.process_time(), 3),
+            "planner_url": self.service.base_url if self.service else None,
+            "planner_pid": self.service.pid if self.service else None,
+            "tmp_dir": str(self.tmp_dir) if self.tmp_dir else None,
+        }
+
+    # --- terminal output --------------------------------------------------------------------
+
+    def _print_urls(self) -> None:
+        assert self.service is not None and self.publisher is not None
+        api, name = self.service.base_url, self.plan.deployment.name
+        endpoints = self.publisher.endpoints
+        o = self.options
+        lines = [
+            f"planner demo: deployment {name!r}, trace {o.trace.name} × {o.rate_scale:g} "
+            f"({len(self.plan.requests):,} requests), speed ×{o.speed:g}",
+            "",
+            "open:",
+            f"  planner API docs     {api}/docs",
+            f"  decisions            {api}/decisions?deployment={name}",
+            f"  ticks (diagnostics)  {api}/diagnostics?deployment={name}&limit=5",
+            f"  deployment state     {api}/deployments/{name}",
+            f"  planner metrics      {api}/metrics",
+            f"  simulated frontend   {self.frontend.url('/metrics')}",
+            f"  demo status (JSON)   {self.frontend.url('/status')}",
+            f"  engine FPM (ZMQ)     {endpoints[0]} ... {endpoints[-1]} (one per engine)",
+            f"  planner log          {self.service.log_path}",
+            "",
+            "Ctrl-C stops the demo.",
+        ]
+        for line in lines:
+            self.out(line)
+
+    def status_line(self, arrivals_rps: float, cpu_share: float | None = None) -> str:
+        assert self.cluster is not None
+        parts = [f"sim {_clock_text(self.cluster.now)}", f"{arrivals_rps:7.1f} req/s"]
+        for role in ROLES:
+            billed, ready, _, _ = self.cluster.counts(role)
+            parts.append(f"{role} {ready} ready/{billed} billed")
+        latest = self.orchestrator.state.latest if self.orchestrator else None
+        if latest is None:
+            parts.append("no decision yet")
+        else:
+            targets = " ".join(f"{role[0].upper()}{count}" for role, count in latest.targets.items())
+            parts.append(f"decision #{latest.id} {targets} {latest.status}")
+        if cpu_share is not None:
+            # The whole demo process (simulation, ZMQ and HTTP), over the last status interval.
+            parts.append(f"demo CPU {cpu_share:.0%}")
+        return " | ".join(parts)
+
+    async def _report(self) -> None:
+        assert self.cluster is not None
+        last_sim, last_started = self.cluster.now, self.cluster.frontend.started
+        last_wall, last_cpu = time.monotonic(), time.process_time()
+        while True:
+            await asyncio.sleep(STATUS_EVERY_S)
+            now, started = self.cluster.now, self.cluster.frontend.started
+            wall, cpu = time.monotonic(), time.process_time()
+            rate = (started - last_started) / (now - last_sim) if now > last_sim else 0.0
+            cpu_share = (cpu - last_cpu) / (wall - last_wall) if wall > last_wall else None
+            last_sim, last_started, last_wall, last_cpu = now, started, wall, cpu
+            self.out(self.status_line(rate, cpu_share))
+
+    def _summary(self) -> dict[str, Any]:
+        assert self.cluster is not None
+        cluster, sla = self.cluster, self.plan.deployment.sla
+        ttft_target_s, itl_target_s = sla.ttft_ms / 1000.0, sla.itl_ms / 1000.0
+        done = [r for r in cluster.requests if r.finish_s is not None]
+        ttft_ok = itl_ok = both = 0
+        for r in done:
+            ttft = r.ttft_s is not None and r.ttft_s <= ttft_target_s
+            itl_s = r.itl_s
+            itl = itl_s is None or itl_s <= itl_target_s  # one-token outputs have no ITL
+            ttft_ok += ttft
+            itl_ok += itl
+            both += ttft and itl
+        n = len(done) or 1
+        orchestrator = self.orchestrator.state if self.orchestrator else None
+        return {
+            "sim_s": round(cluster.now, 3),
+            "wall_s": round(time.monotonic() - self._wall_started, 1),
+            "requests": len(cluster.requests),
+            "completed": len(done),
+            "ttft_attainment": ttft_ok / n,
+            "itl_attainment": itl_ok / n,
+            "slo_attainment": both / n,
+            "gpu_hours": cluster.gpu_seconds() / 3600.0,
+            "decisions_applied": len(orchestrator.applied) if orchestrator else 0,
+            "acks": orchestrator.acks if orchestrator else 0,
+        }
+
+    def _print_summary(self, s: dict[str, Any]) -> None:
+        sla = self.plan.deployment.sla
+        what = "end of the trace" if self.end_reason == "end_of_trace" else "--duration-s reached"
+        publisher = self.publisher
+        lines = [
+            "",
+            f"{what}: sim {_clock_text(s['sim_s'])} after {s['wall_s']:.0f} s of wall time",
+            f"  requests          {s['completed']:,} completed of {s['requests']:,}",
+            f"  TTFT <= {sla.ttft_ms:g} ms    {s['ttft_attainment']:.1%}",
+            f"  ITL <= {sla.itl_ms:g} ms       {s['itl_attainment']:.1%}",
+            f"  both (SLO)        {s['slo_attainment']:.1%}",
+            f"  GPU-hours         {s['gpu_hours']:.2f} (simulated)",
+            f"  decisions         {s['decisions_applied']} applied, {s['acks']} acknowledged",
+        ]
+        if publisher is not None:
+            lines.append(f"  FPM messages      {publisher.sent:,} published, {publisher.dropped:,} dropped")
+        if not self.options.exit_at_end and self.end_reason == "end_of_trace":
+            lines.append("the planner keeps running (it will scale down); Ctrl-C stops the demo")
+        lines.append("")
+        for line in lines:
+            self.out(line)
+
+    # --- the run ----------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Start everything, run until the end (or a signal), stop everything."""
+        self.ended = asyncio.Event()
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            self.tmp_dir = Path(tempfile.mkdtemp(prefix="planner-demo-"))
+            self.publisher = FpmPublisher(self._slots)
+            deployment = self.plan.deployment
+            self.cluster = Cluster(
+                self.plan.truth,
+                self.plan.requests,
+                initial=self.plan.initial,
+                startup_delay_s=self.plan.replay.simulation.startup_delay_s,
+                gpus_per_engine={role: deployment.role(role).gpus_per_engine for role in ROLES},
+                model_name=model_name(deployment),
+                on_fpm=self.publisher.publish,
+            )
+            await self.frontend.start()
+            config_path = self.tmp_dir / "deployments.yaml"
+            config = service_deployments_file(
+                self.plan, frontend_url=self.frontend.url(), fpm_endpoints=self.publisher.endpoints
+            )
+            config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+            load_deployments(config_path)  # what the service will read must be valid
+            self.service = PlannerService(
+                settings_env={
+                    "PLANNER_CONFIG": str(config_path),
+                    "PLANNER_DATABASE_URL": f"sqlite:///{self.tmp_dir / 'planner.db'}",
+                    "PLANNER_HOST": "127.0.0.1",
+                    "PLANNER_PORT": str(self.options.port),
+                    "PLANNER_TIME_SCALE": repr(float(self.options.speed)),
+                    "PLANNER_LOG_LEVEL": self.options.log_level.upper(),
+                },
+                log_path=self.tmp_dir / "planner.log",
+                port=self.options.port,
+            )
+            self.service.start()
+            self.out(f"starting the planner service on {self.service.base_url} (pid {self.service.pid}) ...")
+            await self.service.wait_ready(READY_TIMEOUT_S)
+            self.orchestrator = Orchestrator(
+                base_url=self.service.base_url,
+                deployment=deployment.name,
+                cluster=self.cluster,
+                sim_now=self.sim_now,
+            )
+            self._print_urls()
+            # Simulated t = 0 starts now; the service's clock has been running at the same speed.
+            self._t0 = time.monotonic()
+            self._wall_started = self._t0
+            tasks = [
+                asyncio.create_task(self._simulate(), name="simulate"),
+                asyncio.create_task(self.orchestrator.run(), name="orchestrator"),
+                asyncio.create_task(self._report(), name="status"),
+            ]
+            await self._until_done(tasks)
+            return 0
+        except ServiceError as exc:
+            print(f"planner: error: {exc}", file=sys.stderr)
+            self.stop_reason = "service_failed"
+            return 1
+        except OSError as exc:
+            print(f"planner: error: {exc}", file=sys.stderr)
+            self.stop_reason = "failed"
+            return 1
+        except asyncio.CancelledError:
+            self.stop_reason = "signal"
+            return 0
+        finally:
+            await self._shutdown(tasks)
+
+    async def _until_done(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Until the run ends (with --exit-at-end or --duration-s), a task fails, or the service
+        exits on its own."""
+        assert self.ended is not None and self.service is not None
+        stop_at_end = self.options.exit_at_end or self.options.duration_s is not None
+        while True:
+            for task in tasks:
+                if task.done():
+                    task.result()  # raises what it died of
+                    raise RuntimeError(f"the {task.get_name()} task stopped")
+            status = self.service.exit_status()
+            if status is not None:
+                raise ServiceError(
+                    f"the planner service exited with status {status}; its log ends with:\n"
+                    f"{self.service.log_tail()}"
+                )
+            if self.ended.is_set() and stop_at_end:
+                self.stop_reason = self.end_reason or "ended"
+                return
+            await asyncio.sleep(0.1)
+
+    async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
+        """Orchestrator first (no half-applied decision is acknowledged), then the service, then
+        the sockets and the temporary directory. Runs on every exit path."""
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        service_status = None
+        if self.service is not None:
+            service_status = await self.service.stop(STOP_TIMEOUT_S)
+        final = {"demo": "stopped", "reason": self.stop_reason, **self.state(), "summary": self.summary}
+        final["planner_exit_status"] = service_status
+        endpoints = final["fpm"].pop("endpoints")
+        final["fpm"]["endpoint_count"] = len(endpoints)
+        await self.frontend.close()
+        if self.publisher is not None:
+            self.publisher.close()
+        if self.tmp_dir is not None:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        self.out(json.dumps(final))
+
+
+def run_demo(options: DemoOptions) -> int:
+    """`planner demo`: validate, then run until the end or Ctrl-C / SIGTERM. The exit status."""
+    # One line per long-poll would bury the status lines.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    plan = prepare(options)  # ConfigError: the caller prints one line and exits 2
+    check_port_free(options.port)
+    return asyncio.run(_main(plan))
+
+
+async def _main(plan: DemoPlan) -> int:
+    demo = Demo(plan)
+    task = asyncio.create_task(demo.run())
+    loop = asyncio.get_running_loop()
+    signals = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            print(f"\n{signal.Signals(signum).name}: stopping the demo ...", file=sys.stderr, flush=True)
+            task.cancel()
+        else:
+            print("still stopping (the service gets SIGKILL after 10 s) ...", file=sys.stderr, flush=True)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return 0
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)

@@ -1,0 +1,534 @@
+"""The demo's real-protocol adapters around the simulated cluster.
+
+- `HttpEndpoint`: a tiny HTTP/1.1 server on loopback, in the demo's event loop, serving the
+  simulated frontend's `/metrics` (Prometheus text) and the demo's `/status` (JSON);
+- `FpmPublisher`: one ZMQ publisher per engine on `tcp://127.0.0.1:{base_port + n}` (Dynamo's
+  layout), sending each ForwardPassMetrics record as `(topic, 8-byte big-endian sequence,
+  msgpack payload)` without ever blocking the simulation;
+- `PlannerService`: `planner serve` as a child process, started and stopped cleanly;
+- `Orchestrator`: the virtual connector's other side, over HTTP: long-poll
+  `GET /decisions/wait`, order the engines, wait until they are up, `POST /decisions/{id}/complete`.
+
+Nothing here knows about wall-clock speed: the demo (`app/sim/demo.py`) owns the clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgpack
+import zmq
+
+from app.core.fpm import ForwardPassMetrics
+from app.sim.cluster import ROLES, Cluster
+
+log = logging.getLogger(__name__)
+
+# --- a minimal HTTP server ------------------------------------------------------------------------
+
+# path -> () -> (content type, body); called on the event loop, between simulation steps.
+Route = Callable[[], tuple[str, bytes]]
+_MAX_HEAD_BYTES = 64 * 1024
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+
+
+class HttpEndpoint:
+    """GET-only HTTP/1.1 with keep-alive, enough for a Prometheus-style scraper and curl.
+
+    A full ASGI server would install its own signal handlers in this process; the demo needs
+    Ctrl-C for itself, and serving two fixed paths takes a few lines."""
+
+    def __init__(self, routes: Mapping[str, Route], host: str = "127.0.0.1", port: int = 0) -> None:
+        self.routes = dict(routes)
+        self.host = host
+        self._requested_port = port
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "not started"
+        return self._server.sockets[0].getsockname()[1]
+
+    def url(self, path: str = "") -> str:
+        return f"http://{self.host}:{self.port}{path}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._serve, self.host, self._requested_port, limit=_MAX_HEAD_BYTES
+        )
+
+    async def close(self) -> None:
+        if self._server is None:
+            return
+        self._server.close()
+        # Before Python 3.12 wait_closed() does not wait for open connections: close them here.
+        for writer in list(self._writers):
+            writer.close()
+        await self._server.wait_closed()
+        self._server = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                    return
+                lines = head.decode("latin-1").split("\r\n")
+                parts = lines[0].split()
+                headers = {
+                    name.strip().lower(): value.strip()
+                    for name, sep, value in (line.partition(":") for line in lines[1:])
+                    if sep
+                }
+                if len(parts) != 3:
+                    await self._respond(writer, 400, "text/plain", b"bad request line\n", close=True)
+                    return
+                method, target, version = parts
+                # Bodies are not expected; skip one if a client sends it anyway.
+                length = int(headers.get("content-length", "0") or 0)
+                if length:
+                    await reader.readexactly(length)
+                close = headers.get("connection", "").lower() == "close" or version == "HTTP/1.0"
+                path = target.split("?", 1)[0]
+                if method not in ("GET", "HEAD"):
+                    status, content_type, body = 405, "text/plain", b"only GET\n"
+                elif path not in self.routes:
+                    status, content_type, body = 404, "text/plain", f"no {path} here\n".encode()
+                else:
+                    status, (content_type, body) = 200, self.routes[path]()
+                await self._respond(writer, status, content_type, body, close=close, head=method == "HEAD")
+                if close:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    @staticmethod
+    async def _respond(
+        writer: asyncio.StreamWriter,
+        status: int,
+        content_type: str,
+        body: bytes,
+        *,
+        close: bool,
+        head: bool = False,
+    ) -> None:
+        header = (
+            f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
+            f"Content-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\n"
+            f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n"
+        )
+        writer.write(header.encode("latin-1") + (b"" if head else body))
+        await writer.drain()
+
+
+# --- FPM over ZMQ ---------------------------------------------------------------------------------
+
+FPM_TOPIC = b""
+# Per-subscriber queue, in messages. Past it a message is dropped (and counted), never waited for:
+# a slow subscriber must not slow the simulated cluster down.
+FPM_SNDHWM = 10_000
+
+
+class FpmPublisher:
+    """One publisher socket per engine slot, bound to `tcp://{host}:{base_port + n}`.
+
+    Engines come and go; an engine takes the lowest free slot when it reports its first record
+    and gives it back when it stops (`release_stopped`), the way a restarted engine reuses its
+    port. Sockets are XPUB with XPUB_NODROP, wire-compatible with PUB for subscribers: a plain PUB
+    drops silently at the high-water mark, XPUB_NODROP says so (EAGAIN) and the drop is counted.
+    """
+
+    def __init__(
+        self,
+        slots: int,
+        *,
+        host: str = "127.0.0.1",
+        base_port: int | None = None,
+        sndhwm: int = FPM_SNDHWM,
+    ) -> None:
+        if slots < 1:
+            raise ValueError(f"need at least one FPM slot, got {slots}")
+        self.host = host
+        self._context = zmq.Context()
+        self._sockets: list[zmq.Socket] = []
+        self._sndhwm = sndhwm
+        self.base_port = self._bind(slots, base_port)
+        self._sequence = [0] * slots
+        self._slot_of: dict[str, int] = {}
+        self._free = list(range(slots))  # kept sorted: the lowest free slot is taken first
+        self.sent = 0
+        self.dropped = 0  # at the high-water mark
+        self.unplaced = 0  # more engines than slots (an operator raised the bounds)
+        self._pack = msgpack.Packer().pack
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [f"tcp://{self.host}:{self.base_port + n}" for n in range(len(self._sockets))]
+
+    def endpoint_of(self, engine_id: str) -> str | None:
+        slot = self._slot_of.get(engine_id)
+        return None if slot is None else f"tcp://{self.host}:{self.base_port + slot}"
+
+    def _bind(self, slots: int, base_port: int | None, attempts: int = 50) -> int:
+        """Bind `slots` consecutive ports; a random base unless one is given."""
+        rng = random.Random()
+        for _ in range(attempts if base_port is None else 1):
+            base = base_port if base_port is not None else rng.randrange(20_000, 60_000 - slots)
+            sockets: list[zmq.Socket] = []
+            try:
+                for n in range(slots):
+                    sock = self._context.socket(zmq.XPUB)
+                    sockets.append(sock)
+                    sock.setsockopt(zmq.LINGER, 0)
+                    sock.setsockopt(zmq.SNDHWM, self._sndhwm)
+                    sock.setsockopt(zmq.XPUB_NODROP, 1)
+                    sock.bind(f"tcp://{self.host}:{base + n}")
+            except zmq.ZMQError as exc:
+                for sock in sockets:
+                    sock.close(linger=0)
+                if base_port is not None:
+                    raise OSError(f"cannot bind the FPM ports {base}..{base + slots - 1}: {exc}") from None
+                continue
+            self._sockets = sockets
+            return base
+        raise OSError(f"found no {slots} consecutive free ports for the FPM publishers")
+
+    def publish(self, fpm: ForwardPassMetrics) -> None:
+        """The cluster's `on_fpm` callback: one multipart message, never blocking."""
+        slot = self._slot_of.get(fpm.worker_id)
+        if slot is None:
+            if not self._free:
+                self.unplaced += 1
+                return
+            slot = self._free.pop(0)
+            self._slot_of[fpm.worker_id] = slot
+        seq = self._sequence[slot]
+        try:
+            self._sockets[slot].send_multipart(
+                (FPM_TOPIC, seq.to_bytes(8, "big"), self._pack(fpm.as_wire())), flags=zmq.NOBLOCK
+            )
+        except zmq.Again:
+            self.dropped += 1
+            return
+        self._sequence[slot] = seq + 1
+        self.sent += 1
+
+    def release_stopped(self, live_engine_ids: set[str]) -> None:
+        """Give back the slots of engines that stopped."""
+        gone = [engine_id for engine_id in self._slot_of if engine_id not in live_engine_ids]
+        for engine_id in gone:
+            self._free.append(self._slot_of.pop(engine_id))
+        if gone:
+            self._free.sort()
+
+    def drain_subscriptions(self) -> None:
+        """XPUB hands subscription messages up; nobody needs them, so keep the queues empty."""
+        for sock in self._sockets:
+            with contextlib.suppress(zmq.Again):
+                while True:
+                    sock.recv(flags=zmq.NOBLOCK)
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            sock.close(linger=0)
+        self._sockets = []
+        self._context.term()
+
+
+# --- the planner service as a child process -------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the service gets SIGTERM if the demo dies without cleaning up (SIGKILL), so no
+    orphaned planner keeps the port."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class ServiceError(Exception):
+    """The planner service did not start, or stopped on its own."""
+
+
+@dataclass
+class PlannerService:
+    """`planner serve` with the given PLANNER_* settings, logging to `log_path`."""
+
+    settings_env: dict[str, str]
+    log_path: Path
+    port: int
+    host: str = "127.0.0.1"
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> None:
+        # The user's own PLANNER_* variables (tokens, another database) must not leak in.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PLANNER_")}
+        env.update(self.settings_env)
+        with self.log_path.open("ab") as log_file:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "app.cli", "serve"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                # Its own session: a terminal Ctrl-C reaches the demo only, which then stops the
+                # orchestrator before the service (and waits for it).
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            )
+
+    def exit_status(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Until `/readyz` answers 200: the database is migrated, the worker scraped the frontend
+        and ticked once. ServiceError if the process exits or the time runs out."""
+        deadline = time.monotonic() + timeout_s
+        last = "no answer yet"
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                status = self.exit_status()
+                if status is not None:
+                    raise ServiceError(
+                        f"the planner service exited with status {status} during start-up; "
+                        f"its log ({self.log_path}) ends with:\n{self.log_tail()}"
+                    )
+                try:
+                    resp = await client.get("/readyz")
+                    if resp.status_code == 200:
+                        return
+                    last = f"/readyz answered {resp.status_code}: {resp.text[:300]}"
+                except httpx.TransportError as exc:
+                    last = f"{type(exc).__name__}: {exc}"
+                await asyncio.sleep(0.1)
+        raise ServiceError(f"the planner service was not ready within {timeout_s:g} s ({last})")
+
+    async def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM, wait up to `timeout_s`, then SIGKILL; the exit status."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            while proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if proc.poll() is None:
+                log.warning("the planner service did not stop within %g s; killing it", timeout_s)
+                proc.kill()
+                await asyncio.to_thread(proc.wait)
+        return proc.returncode
+
+
+# --- the orchestrator ------------------------------------------------------------------------------
+
+
+@dataclass
+class AppliedDecision:
+    id: int
+    targets: dict[str, int]
+    applied_at_s: float  # simulated
+    status: str = "applying"  # applying → succeeded | superseded (409) | replaced (a newer one came)
+    acked_at_s: float | None = None
+
+
+@dataclass
+class OrchestratorState:
+    applied: list[AppliedDecision] = field(default_factory=list)
+    acks: int = 0
+    last_acked: AppliedDecision | None = None
+    errors: int = 0
+
+    @property
+    def latest(self) -> AppliedDecision | None:
+        return self.applied[-1] if self.applied else None
+
+    @property
+    def in_flight(self) -> AppliedDecision | None:
+        latest = self.latest
+        return latest if latest is not None and latest.status == "applying" else None
+
+
+class Orchestrator:
+    """Applies the planner's decisions to the simulated cluster, over the real HTTP protocol.
+
+    It keeps one long-poll open at all times: while the engines of a decision are starting, a
+    newer decision (an operator pin supersedes a pending one) is applied at once instead of
+    waiting for engines that are no longer wanted."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        deployment: str,
+        cluster: Cluster,
+        sim_now: Callable[[], float],
+        poll_s: float = 0.02,
+        wait_timeout_s: float = 5.0,
+    ) -> None:
+        self.base_url = base_url
+        self.deployment = deployment
+        self.cluster = cluster
+        self.sim_now = sim_now
+        self.poll_s = poll_s
+        # Wall seconds the planner may hold a long-poll. Short on purpose: on SIGTERM the service
+        # (uvicorn) waits for in-flight requests, a held long-poll included, before it stops.
+        self.wait_timeout_s = wait_timeout_s
+        self.state = OrchestratorState()
+
+    async def run(self) -> None:
+        timeout = httpx.Timeout(10.0, read=self.wait_timeout_s + 30.0)
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=timeout) as client:
+            after = 0
+            next_decision: asyncio.Task[dict[str, Any]] | None = None
+            try:
+                while True:
+                    if next_decision is None:
+                        next_decision = asyncio.create_task(self._next(client, after))
+                    decision = await next_decision
+                    next_decision = None
+                    while decision is not None:
+                        after = decision["id"]
+                        applied = self._apply(decision)
+                        next_decision = asyncio.create_task(self._next(client, after))
+                        decision = await self._settle(client, applied, next_decision)
+                        if decision is not None:
+                            next_decision = None
+            finally:
+                if next_decision is not None:
+                    next_decision.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await next_decision
+
+    async def _next(self, client: httpx.AsyncClient, after: int) -> dict[str, Any]:
+        """The next decision after `after`, however long that takes (204s are retried)."""
+        while True:
+            try:
+                resp = await client.get(
+                    "/decisions/wait",
+                    params={"deployment": self.deployment, "after": after, "timeout_s": self.wait_timeout_s},
+                )
+            except httpx.TransportError as exc:
+                self.state.errors += 1
+                log.warning("orchestrator: planner unreachable (%s); retrying in 1 s", exc)
+                await asyncio.sleep(1.0)
+                continue
+            if resp.status_code == 204:
+                continue
+            if resp.status_code != 200:
+                self.state.errors += 1
+                log.warning("orchestrator: wait answered %d: %s", resp.status_code, resp.text[:300])
+                await asyncio.sleep(1.0)
+                continue
+            return resp.json()
+
+    def _apply(self, decision: dict[str, Any]) -> AppliedDecision:
+        targets = {role: decision[f"num_{role}"] for role in ROLES if decision.get(f"num_{role}") is not None}
+        previous = self.state.in_flight
+        if previous is not None:
+            previous.status = "replaced"
+        for role, count in targets.items():
+            self.cluster.set_target(role, count)
+        applied = AppliedDecision(decision["id"], targets, applied_at_s=self.sim_now())
+        self.state.applied.append(applied)
+        log.info(
+            "orchestrator: decision %d (%s): %s",
+            applied.id,
+            decision.get("source"),
+            ", ".join(f"{count} {role}" for role, count in targets.items()),
+        )
+        return applied
+
+    async def _settle(
+        self,
+        client: httpx.AsyncClient,
+        applied: AppliedDecision,
+        next_decision: asyncio.Task[dict[str, Any]],
+    ) -> dict[str, Any] | None:
+        """Wait until the decision's engines are up and acknowledge it; None when acknowledged,
+        or the newer decision that arrived first."""
+        while not self._reached(applied.targets):
+            if next_decision.done():
+                return next_decision.result()
+            await asyncio.sleep(self.poll_s)
+        await self._acknowledge(client, applied)
+        return None
+
+    def _reached(self, targets: Mapping[str, int]) -> bool:
+        ready = self.cluster.ready_counts()
+        return all(ready[role] == count for role, count in targets.items())
+
+    async def _acknowledge(self, client: httpx.AsyncClient, applied: AppliedDecision) -> None:
+        observed = {
+            role: count for role, count in self.cluster.ready_counts().items() if role in applied.targets
+        }
+        took_s = self.sim_now() - applied.applied_at_s
+        body = {
+            "status": "succeeded",
+            "observed": observed,
+            "message": f"planner demo: {observed} engines ready {took_s:.0f} s (simulated) after the order",
+        }
+        while True:
+            try:
+                resp = await client.post(
+                    f"/decisions/{applied.id}/complete", params={"deployment": self.deployment}, json=body
+                )
+                break
+            except httpx.TransportError as exc:
+                self.state.errors += 1
+                log.warning("orchestrator: acknowledgement failed (%s); retrying in 1 s", exc)
+                await asyncio.sleep(1.0)
+        applied.acked_at_s = self.sim_now()
+        if resp.status_code == 200:
+            applied.status = "succeeded"
+            self.state.acks += 1
+            self.state.last_acked = applied
+            log.info("orchestrator: decision %d acknowledged: %s", applied.id, observed)
+        elif resp.status_code == 409:
+            # The planner moved on (an operator pin, or the ack timeout passed); the next
+            # decision comes through the long-poll.
+            applied.status = "superseded"
+            log.info("orchestrator: decision %d no longer pending: %s", applied.id, resp.text[:300])
+        else:
+            applied.status = f"ack failed ({resp.status_code})"
+            self.state.errors += 1
+            log.warning(
+                "orchestrator: acknowledging %d answered %d: %s", applied.id, resp.status_code, resp.text
+            )
