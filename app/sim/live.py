@@ -1,6 +1,6 @@
 """The demo's real-protocol adapters around the simulated cluster.
 
-- `HttpEndpoint`: a tiny HTTP/1.1 server on loopback, in the demo's event loop, serving the
+- `HttpEndpoint`: uvicorn on loopback, in the demo's event loop, serving the
   simulated frontend's `/metrics` (Prometheus text) and the demo's `/status` (JSON);
 - `FpmPublisher`: one ZMQ publisher per engine on `tcp://127.0.0.1:{base_port + n}` (Dynamo's
   layout), sending each ForwardPassMetrics record as `(topic, 8-byte big-endian sequence,
@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 import msgpack
+import uvicorn
 import zmq
 
 from app.core.fpm import ForwardPassMetrics
@@ -38,108 +39,66 @@ from app.sim.cluster import ROLES, Cluster
 
 log = logging.getLogger(__name__)
 
-# --- a minimal HTTP server ------------------------------------------------------------------------
+# --- HTTP endpoints ---------------------------------------------------------------------------------
 
 # path -> () -> (content type, body); called on the event loop, between simulation steps.
 Route = Callable[[], tuple[str, bytes]]
-_MAX_HEAD_BYTES = 64 * 1024
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+
+
+class _NoSignalServer(uvicorn.Server):
+    """uvicorn in a process that handles Ctrl-C itself: the demo stops the server, not uvicorn."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[no-untyped-def]
+        yield
 
 
 class HttpEndpoint:
-    """GET-only HTTP/1.1 with keep-alive, enough for a Prometheus-style scraper and curl.
-
-    A full ASGI server would install its own signal handlers in this process; the demo needs
-    Ctrl-C for itself, and serving two fixed paths takes a few lines."""
+    """A few GET routes served by uvicorn on loopback, in the demo's own event loop."""
 
     def __init__(self, routes: Mapping[str, Route], host: str = "127.0.0.1", port: int = 0) -> None:
-        self.routes = dict(routes)
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import Response
+        from starlette.routing import Route as StarletteRoute
+
+        def endpoint(route: Route):  # type: ignore[no-untyped-def]
+            async def handle(request: Request) -> Response:
+                content_type, body = route()
+                return Response(body, media_type=content_type)
+
+            return handle
+
+        app = Starlette(routes=[StarletteRoute(path, endpoint(route)) for path, route in routes.items()])
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
+        )
         self.host = host
-        self._requested_port = port
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
+        self._server = _NoSignalServer(config)
+        self._task: asyncio.Task[None] | None = None
 
     @property
     def port(self) -> int:
-        assert self._server is not None, "not started"
-        return self._server.sockets[0].getsockname()[1]
+        assert self._task is not None and self._server.started, "not started"
+        return self._server.servers[0].sockets[0].getsockname()[1]
 
     def url(self, path: str = "") -> str:
         return f"http://{self.host}:{self.port}{path}"
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._serve, self.host, self._requested_port, limit=_MAX_HEAD_BYTES
-        )
+        self._task = asyncio.create_task(self._server.serve())
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises why it could not start (port taken, ...)
+                raise RuntimeError("the HTTP endpoint stopped while starting")
+            await asyncio.sleep(0.01)
 
     async def close(self) -> None:
-        if self._server is None:
+        if self._task is None:
             return
-        self._server.close()
-        # Before Python 3.12 wait_closed() does not wait for open connections: close them here.
-        for writer in list(self._writers):
-            writer.close()
-        await self._server.wait_closed()
-        self._server = None
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.add(writer)
-        try:
-            while True:
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-                    return
-                lines = head.decode("latin-1").split("\r\n")
-                parts = lines[0].split()
-                headers = {
-                    name.strip().lower(): value.strip()
-                    for name, sep, value in (line.partition(":") for line in lines[1:])
-                    if sep
-                }
-                if len(parts) != 3:
-                    await self._respond(writer, 400, "text/plain", b"bad request line\n", close=True)
-                    return
-                method, target, version = parts
-                # Bodies are not expected; skip one if a client sends it anyway.
-                length = int(headers.get("content-length", "0") or 0)
-                if length:
-                    await reader.readexactly(length)
-                close = headers.get("connection", "").lower() == "close" or version == "HTTP/1.0"
-                path = target.split("?", 1)[0]
-                if method not in ("GET", "HEAD"):
-                    status, content_type, body = 405, "text/plain", b"only GET\n"
-                elif path not in self.routes:
-                    status, content_type, body = 404, "text/plain", f"no {path} here\n".encode()
-                else:
-                    status, (content_type, body) = 200, self.routes[path]()
-                await self._respond(writer, status, content_type, body, close=close, head=method == "HEAD")
-                if close:
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError):
-            return
-        finally:
-            self._writers.discard(writer)
-            writer.close()
-
-    @staticmethod
-    async def _respond(
-        writer: asyncio.StreamWriter,
-        status: int,
-        content_type: str,
-        body: bytes,
-        *,
-        close: bool,
-        head: bool = False,
-    ) -> None:
-        header = (
-            f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
-            f"Content-Type: {content_type}\r\n"
-            f"Content-Length: {len(body)}\r\n"
-            f"Connection: {'close' if close else 'keep-alive'}\r\n\r\n"
-        )
-        writer.write(header.encode("latin-1") + (b"" if head else body))
-        await writer.drain()
+        self._server.should_exit = True
+        await self._task
+        self._task = None
 
 
 # --- FPM over ZMQ ---------------------------------------------------------------------------------
