@@ -187,6 +187,16 @@ class LoadInput:
 
 
 @dataclass(frozen=True)
+class LoadTick:
+    """Load scaling's share of a tick: the models (already fed this tick's FPM), the input and
+    the settings."""
+
+    models: LoadModels
+    input: LoadInput
+    settings: LoadSettings
+
+
+@dataclass(frozen=True)
 class LoadResult:
     replicas: Replicas | None  # every role of the mode when something changes; None otherwise
     reason: LoadReason

@@ -27,6 +27,8 @@ class ThroughputReason(StrEnum):
     PREDICT_FAILED = "predict_failed"
     MODEL_NOT_READY = "model_not_ready"
     SCALE = "scale"
+    # Both modes on: the throughput result is the floor the load decisions stay above.
+    SET_LOWER_BOUND = "set_lower_bound"
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from app.core.load import LoadTick
     from app.core.throughput import ThroughputInput, ThroughputSettings
 
 Mode = Literal["disagg", "agg", "prefill", "decode"]
@@ -102,6 +103,10 @@ class TickSnapshot:
     throughput_settings: ThroughputSettings | None = None
     gpus_per_engine: dict[Role, int] = field(default_factory=dict)
     budget_gpus: int | None = None
+    # Load scaling's inputs on a load tick (None: not a load tick, or load scaling is off).
+    load: LoadTick | None = None
+    # With load scaling on, throughput only sets the floor of the load decisions.
+    load_enabled: bool = False
     # A proposal made elsewhere (tests, later algorithms); None = no opinion.
     proposal: Replicas | None = None
     proposal_source: DecisionSource | None = None
@@ -127,6 +132,8 @@ class TickResult:
     source: DecisionSource | None
     stages: tuple[Stage, ...]
     diagnostics: dict[str, Any]
+    # Both modes on: the floor this tick's throughput step set, for the load ticks that follow.
+    throughput_floor: Replicas | None = None
 
     @property
     def reasons(self) -> list[str]:

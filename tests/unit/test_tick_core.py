@@ -483,6 +483,7 @@ def test_on_tick_diagnostics_record() -> None:
         ],
         "target": {"prefill": 3, "decode": 10},
         "throughput": None,
+        "load": None,
     }
     assert result.target == {"prefill": 3, "decode": 10}
     assert result.source == SRC.OVERRIDE
