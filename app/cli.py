@@ -221,6 +221,11 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     )
     replay.add_argument("--truth-profile", help="the world's profile (default: the planner's)")
     replay.add_argument("--rate-scale", type=positive, help="K requests per trace request, arrivals +-0.5 s")
+    replay.add_argument(
+        "--modes",
+        help="the planner's scaling modes for this run: load,throughput | load | throughput "
+        "(default: what the file enables)",
+    )
     replay.add_argument("--seed", type=_number(minimum=0, inclusive=True, integer=True), help="default: 0")
     replay.set_defaults(func=cmd_replay)
 

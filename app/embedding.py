@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from app.config import DeploymentConfig
+from app.core.cadence import Cadence
 from app.core.fpm import ForwardPassMetrics
 from app.core.interpolation import PerfModel
+from app.core.load import LoadInput, LoadModels, LoadTick, PendingTarget
 from app.core.predictors import TrafficPredictor
 from app.core.protocol import Verdict, judge
 from app.core.throughput import ThroughputInput
@@ -36,6 +38,7 @@ from app.core.types import (
     TickSnapshot,
     TrafficObservation,
 )
+from app.workers.resources import build_model_resources, make_load_settings
 
 # Embedder seconds are mapped onto datetimes from this origin for the core, which speaks datetimes.
 _ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)
@@ -92,6 +95,7 @@ class EmbeddedPlanner:
         model: PerfModel | None,
         predictor: TrafficPredictor | None = None,
         model_error: str | None = None,
+        load_models: LoadModels | None = None,
         start_s: float = 0.0,
     ) -> None:
         self.deployment = deployment
@@ -102,22 +106,36 @@ class EmbeddedPlanner:
         self.gpus_per_engine: dict[Role, int] = {
             r: deployment.role(r).gpus_per_engine for r in deployment.roles
         }
+        self.load_settings = make_load_settings(deployment, model) if deployment.load.enabled else None
+        self.load_models = load_models
+        if deployment.load.enabled and load_models is None:
+            load = deployment.load
+            self.load_models = LoadModels(
+                deployment.mode, max_samples=load.window, min_observations=load.min_observations
+            )
+        self.cadence = Cadence.start(
+            start_s,
+            load_interval_s=deployment.load.interval_s if deployment.load.enabled else None,
+            throughput_interval_s=deployment.throughput.interval_s if deployment.throughput.enabled else None,
+        )
         self._latest: DecisionView | None = None
         self._next_id = 1
+        self._floor: Replicas | None = None
+        self._traffic: TrafficWindow | None = None  # windows merged since the last throughput tick
+        self._trained: dict[tuple[str, str, int], ForwardPassMetrics] = {}
 
     @classmethod
     def from_config(
         cls, deployment: DeploymentConfig, *, base_dir: Path, start_s: float = 0.0
     ) -> EmbeddedPlanner:
         """Profile and predictors as `planner serve` builds them (paths relative to `base_dir`)."""
-        from app.workers.resources import build_model_resources
-
         resources = build_model_resources(deployment, base_dir=base_dir)
         return cls(
             deployment,
             model=resources.model,
             model_error=resources.model_error,
             predictor=resources.predictor,
+            load_models=resources.load_models,
             start_s=start_s,
         )
 
@@ -125,13 +143,26 @@ class EmbeddedPlanner:
     def interval_s(self) -> float:
         return self.deployment.tick_interval_s
 
+    def _next_tick_s(self, now_s: float) -> float:
+        # With both modes off the planner still ticks (for the record) every interval.
+        next_s = self.cadence.next_tick_s
+        return next_s if next_s != float("inf") else now_s + self.interval_s
+
     def initial_tick_s(self) -> float:
-        return self.start_s + self.interval_s
+        return self._next_tick_s(self.start_s)
 
     def on_tick(self, inp: TickInput) -> TickOutput:
         now = _ORIGIN + timedelta(seconds=inp.now_s)
         self._settle(inp.ready, now)
-        throughput = self._throughput(inp) if self.deployment.throughput.enabled else None
+        due = self.cadence.due(inp.now_s)
+        self.cadence = self.cadence.after(inp.now_s, due)
+        if inp.traffic is not None:
+            self._traffic = _merge(self._traffic, inp.traffic)
+        throughput = None
+        if due.throughput:
+            throughput = self._throughput(inp)
+            self._traffic = None
+        load = self._load(inp, now) if due.load else None
         snapshot = TickSnapshot(
             deployment=self.deployment.name,
             roles=self.deployment.roles,
@@ -144,8 +175,12 @@ class EmbeddedPlanner:
             ),
             gpus_per_engine=self.gpus_per_engine,
             budget_gpus=self.deployment.gpu_budget,
+            load=load,
+            load_enabled=self.deployment.load.enabled,
         )
         result = on_tick(snapshot, now)
+        if result.throughput_floor is not None:
+            self._floor = result.throughput_floor
         diagnostics = dict(result.diagnostics)
         diagnostics["at_s"] = inp.now_s
         diagnostics["fpm"] = _fpm_summary(inp.fpm)
@@ -175,7 +210,7 @@ class EmbeddedPlanner:
         diagnostics["verdict"] = verdict
         return TickOutput(
             target=target,
-            next_tick_s=inp.now_s + self.interval_s,
+            next_tick_s=self._next_tick_s(inp.now_s),
             reasons=[*reasons, f"protocol: {verdict}"],
             diagnostics=diagnostics,
         )
@@ -190,8 +225,32 @@ class EmbeddedPlanner:
                 latest.id, latest.replicas, latest.source, DecisionStatus.SUCCEEDED, latest.created_at
             )
 
+    def _load(self, inp: TickInput, now: datetime) -> LoadTick:
+        """Feed the regressions the records they have not seen (the latest per engine; a record
+        is one iteration, trained on once), then load scaling's input for this tick."""
+        assert self.load_models is not None and self.load_settings is not None
+        fresh: dict[Role, list[ForwardPassMetrics]] = {}
+        for role, records in inp.fpm.items():
+            if role not in self.load_models.regressions:
+                continue
+            for (worker, rank), record in records.items():
+                key = (role, worker, rank)
+                if self._trained.get(key) is not record:
+                    self._trained[key] = record
+                    fresh.setdefault(role, []).append(record)  # type: ignore[arg-type]
+        self.load_models.observe_many(fresh)
+        latest = self._latest
+        load_input = LoadInput(
+            fpm={role: inp.fpm.get(role, {}) for role in self.deployment.roles},
+            ready={role: inp.ready.get(role, 0) for role in self.deployment.roles},
+            now=now,
+            pending=PendingTarget(latest.replicas, latest.created_at) if latest is not None else None,
+            throughput_floor=self._floor,
+        )
+        return LoadTick(self.load_models, load_input, self.load_settings)
+
     def _throughput(self, inp: TickInput) -> ThroughputInput:
-        observation = inp.traffic.as_observation() if inp.traffic is not None else None
+        observation = self._traffic.as_observation() if self._traffic is not None else None
         forecast = None
         if observation is not None and self.predictor is not None:
             self.predictor.observe(observation)
@@ -204,6 +263,35 @@ class EmbeddedPlanner:
             model_error=self.model_error,
             decode_engines=inp.ready.get("decode"),
         )
+
+
+def _merge(before: TrafficWindow | None, window: TrafficWindow) -> TrafficWindow:
+    """Two consecutive windows as one: durations and counts add, means are weighted by their
+    request counts (an unknown count makes the merged means unknown)."""
+    if before is None:
+        return window
+    na, nb = before.num_req, window.num_req
+
+    def mean(a: float | None, b: float | None) -> float | None:
+        if na is None or nb is None:
+            return None
+        if not na:
+            return b
+        if not nb:
+            return a
+        if a is None or b is None:
+            return None
+        return (a * na + b * nb) / (na + nb)
+
+    return TrafficWindow(
+        duration_s=before.duration_s + window.duration_s,
+        num_req=None if na is None or nb is None else na + nb,
+        isl=mean(before.isl, window.isl),
+        osl=mean(before.osl, window.osl),
+        ttft_ms=mean(before.ttft_ms, window.ttft_ms),
+        itl_ms=mean(before.itl_ms, window.itl_ms),
+        request_duration_s=mean(before.request_duration_s, window.request_duration_s),
+    )
 
 
 def _fpm_summary(fpm: Mapping[str, FpmByEngine]) -> dict[str, Any]:

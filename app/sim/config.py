@@ -134,6 +134,7 @@ def with_overrides(
     truth_profile: str | None = None,
     seed: int | None = None,
     rate_scale: float | None = None,
+    modes: tuple[str, ...] | None = None,
 ) -> ReplayConfig:
     """The command line's flags over the file, for one run (None: keep the file's value).
     Paths given on the command line are relative to the current directory."""
@@ -144,6 +145,14 @@ def with_overrides(
     if ttft_ms is not None or itl_ms is not None:
         sla = {"ttft_ms": ttft_ms, "itl_ms": itl_ms}
         deployment_update["sla"] = d.sla.model_copy(update={k: v for k, v in sla.items() if v is not None})
+    if modes is not None:
+        unknown = set(modes) - {"load", "throughput"}
+        if unknown or not modes:
+            raise ConfigError(
+                f"--modes: expected load, throughput or both, got {','.join(modes) or 'nothing'}"
+            )
+        deployment_update["throughput"] = d.throughput.model_copy(update={"enabled": "throughput" in modes})
+        deployment_update["load"] = d.load.model_copy(update={"enabled": "load" in modes})
     for role, gpus in (("prefill", prefill_gpus), ("decode", decode_gpus)):
         if gpus is not None:
             deployment_update[role] = d.role(role).model_copy(update={"gpus_per_engine": gpus})  # type: ignore[arg-type]

@@ -28,8 +28,8 @@ from app.sim.policies import OraclePolicy, PlannerPolicy, Policy, ReactivePolicy
 from app.sim.results import DecisionEvent, ReplayResult
 from app.sim.truth import TruthModel
 from app.sources.profile_files import load_profile
+from app.workers.resources import DEFAULT_MAX_NUM_BATCHED_TOKENS
 
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 # How often the progress callback hears from a run, in simulated seconds.
 PROGRESS_STEP_S = 60.0
 
@@ -217,6 +217,7 @@ def run_command(args: Any) -> int:
         truth_profile=args.truth_profile,
         seed=args.seed,
         rate_scale=args.rate_scale,
+        modes=tuple(m.strip() for m in args.modes.split(",")) if args.modes else None,
     )
     trace = Path(args.trace)
     requests = load_requests(config, trace)
@@ -230,6 +231,7 @@ def run_command(args: Any) -> int:
         "deployment": config.deployment.name,
         "trace": str(trace),
         "policy": args.policy,
+        "modes": [m for m in ("load", "throughput") if getattr(config.deployment, m).enabled],
         "rate_scale": config.simulation.rate_scale,
         "seed": config.simulation.seed,
         "profile": config.deployment.profile,

@@ -19,6 +19,7 @@ from app.config import ConfigError, DeploymentConfig, KubernetesConnectorConfig
 from app.connectors.base import Connector
 from app.core.errors import ProfileError
 from app.core.interpolation import PerfModel
+from app.core.load import LoadModels, LoadSettings
 from app.core.predictors import TrafficPredictor
 from app.core.traces import bucket_requests
 from app.sources.frontend_scrape import FrontendScrapeSource
@@ -28,6 +29,9 @@ from app.sources.traffic import TrafficSource, make_traffic_source
 
 log = logging.getLogger(__name__)
 
+# vLLM's default chunk size for chunked prefill, when a deployment does not declare its engines'.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
 
 @dataclass
 class ModelResources:
@@ -35,6 +39,9 @@ class ModelResources:
     model_error: str | None
     predictor: TrafficPredictor | None
     warmed_intervals: int
+    # Load scaling's regressions, bootstrapped from the profile (None: load scaling is off).
+    load_models: LoadModels | None = None
+    load_settings: LoadSettings | None = None
 
 
 def _resolve(path: str, base_dir: Path) -> Path:
@@ -47,9 +54,11 @@ def build_model_resources(deployment: DeploymentConfig, *, base_dir: Path) -> Mo
     (the deployments file's folder). Raises ConfigError naming the deployment and the file."""
     where = f"deployment {deployment.name!r}"
     model, model_error = None, "no profile configured (set `profile:` to a profiling-results folder)"
+    profile = None
     if deployment.profile:
         try:
-            model = PerfModel.from_profile(load_profile(_resolve(deployment.profile, base_dir)))
+            profile = load_profile(_resolve(deployment.profile, base_dir))
+            model = PerfModel.from_profile(profile)
             model_error = None
         except ProfileError as exc:
             raise ConfigError(f"{where}: profile: {exc}") from None
@@ -72,7 +81,36 @@ def build_model_resources(deployment: DeploymentConfig, *, base_dir: Path) -> Mo
                 raise ConfigError(f"{where}: throughput.warmup_trace: {exc}") from None
             warmed = predictor.warm(bucket_requests(requests, throughput.interval_s))
             log.info("[%s] predictors warmed with %d intervals from %s", deployment.name, warmed, path)
-    return ModelResources(model, model_error, predictor, warmed)
+    load_models = load_settings = None
+    if deployment.load.enabled:
+        load_models = LoadModels(
+            deployment.mode,
+            max_samples=deployment.load.window,
+            min_observations=deployment.load.min_observations,
+        )
+        if profile is not None:
+            used = load_models.bootstrap(profile)
+            log.info("[%s] load regressions bootstrapped from the profile: %s", deployment.name, used)
+        load_settings = make_load_settings(deployment, model)
+    return ModelResources(model, model_error, predictor, warmed, load_models, load_settings)
+
+
+def make_load_settings(deployment: DeploymentConfig, model: PerfModel | None) -> LoadSettings:
+    """Targets, bounds and engine capabilities for load scaling. A pending target expires after
+    five throughput intervals, as in the reference (§4.7), so a lost scaling request cannot
+    freeze load scaling."""
+    engines = deployment.workers if deployment.mode == "agg" else deployment.prefill
+    kv_role = deployment.workers if deployment.mode == "agg" else deployment.decode
+    return LoadSettings(
+        mode=deployment.mode,
+        ttft_target_ms=deployment.sla.ttft_ms,
+        itl_target_ms=deployment.sla.itl_ms,
+        sensitivity=deployment.load.sensitivity,
+        bounds=deployment.bounds(),
+        max_num_batched_tokens=engines.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        max_kv_tokens=kv_role.max_kv_tokens or (model.decode.max_kv_tokens if model is not None else None),
+        pending_expiry_s=5 * deployment.throughput.interval_s,
+    )
 
 
 def make_connector(deployment: DeploymentConfig) -> Connector | None:

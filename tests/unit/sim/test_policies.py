@@ -88,11 +88,16 @@ def test_the_planner_never_issues_a_target_while_the_last_one_is_not_ready(world
     assert max(d.target["prefill"] for d in targets) > min(d.target["prefill"] for d in targets)
     for before, after in zip(targets, targets[1:], strict=False):
         for role, count in before.target.items():
-            ready = [s.ready for s in result.timeline if s.role == role and s.at_s < after.at_s][-1]
-            assert ready == count, (before, after)
+            # Between the two decisions the role's ready engines reached the earlier target.
+            samples = [s for s in result.timeline if s.role == role and s.at_s <= after.at_s]
+            ready = {s.ready for s in samples if s.at_s >= before.at_s} | {samples[-1].ready}
+            assert count in ready, (before, after)
     held = [d for d in result.decisions if d.target is None and "awaiting_ack" in d.reason]
-    # With a 60 s start-up delay and a 180 s interval every target is ready by the next tick.
+    # Load ticks (every 5 s) wait for the engines (`scaling_in_progress`) before the protocol
+    # would have to hold anything back.
     assert held == []
+    waited = [d for d in result.decisions if d.target is None and "scaling_in_progress" in d.reason]
+    assert waited
 
 
 def test_reactive_does_not_scale_down_before_the_window_has_passed_since_the_start() -> None:
