@@ -107,6 +107,8 @@ class LoadConfig(_Strict):
     sensitivity: float = Field(default=0.8, gt=0, le=1)
     min_observations: int = Field(default=5, ge=1)
     window: int = Field(default=200, ge=1)
+    # An engine whose FPM publisher is silent this long leaves the load-scaling inventory.
+    engine_timeout_s: float = Field(default=30.0, gt=0)
 
 
 class PrometheusSource(_Strict):
@@ -117,7 +119,9 @@ class PrometheusSource(_Strict):
 class SourcesConfig(_Strict):
     prometheus: PrometheusSource | None = None
     frontend_url: str | None = None
-    fpm_endpoints: list[str] = Field(default_factory=list)
+    # ZMQ endpoints of the engines' ForwardPassMetrics publishers, per role
+    # ({prefill: [...], decode: [...]}); a plain list for a single-role mode (agg, prefill, decode).
+    fpm_endpoints: list[str] | dict[Role, list[str]] = Field(default_factory=list)
 
 
 class DeploymentConfig(_Strict):
@@ -135,9 +139,32 @@ class DeploymentConfig(_Strict):
     load: LoadConfig = Field(default_factory=LoadConfig)
     sources: SourcesConfig = Field(default_factory=SourcesConfig)
 
+    @model_validator(mode="after")
+    def _fpm_endpoints_match_the_roles(self) -> DeploymentConfig:
+        endpoints = self.sources.fpm_endpoints
+        if isinstance(endpoints, dict):
+            extra = sorted(set(endpoints) - set(self.roles))
+            if extra:
+                raise ValueError(
+                    f"sources.fpm_endpoints: {', '.join(extra)} is not a role of mode {self.mode} "
+                    f"(roles: {', '.join(self.roles)})"
+                )
+        elif endpoints and len(self.roles) > 1:
+            raise ValueError(
+                "sources.fpm_endpoints: mode disagg needs the endpoints per role, "
+                "e.g. {prefill: [tcp://...], decode: [tcp://...]}"
+            )
+        return self
+
     @property
     def roles(self) -> tuple[Role, ...]:
         return roles_for_mode(self.mode)
+
+    def fpm_endpoints_by_role(self) -> dict[Role, list[str]]:
+        endpoints = self.sources.fpm_endpoints
+        if isinstance(endpoints, dict):
+            return {role: list(endpoints.get(role, [])) for role in self.roles}
+        return {self.roles[0]: list(endpoints)}
 
     def role(self, role: Role) -> RoleConfig:
         return getattr(self, role)

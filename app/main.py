@@ -25,7 +25,12 @@ from app.store.db import is_postgres, make_engine, make_session_factory
 from app.store.decisions import ensure_deployments
 from app.workers.clock import Clock, ScaledClock, SystemClock
 from app.workers.loop import DeploymentWorker, process_identity
-from app.workers.resources import build_model_resources, make_connector, make_source
+from app.workers.resources import (
+    build_model_resources,
+    make_connector,
+    make_fpm_subscribers,
+    make_source,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +83,7 @@ def create_app(
                 resources=model_resources[d.name],
                 source=make_source(d, http, monotonic=scaled_monotonic),
                 connector=make_connector(d),
+                fpm=make_fpm_subscribers(d, monotonic=scaled_monotonic),
             )
             for d in deployments.deployments
         }

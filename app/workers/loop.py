@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.attributes import flag_modified
@@ -23,11 +25,16 @@ from sqlalchemy.orm.attributes import flag_modified
 from app.config import DeploymentConfig
 from app.connectors.base import Connector
 from app.connectors.virtual import DecisionHub
+from app.core.cadence import Cadence, Due
 from app.core.errors import ConnectorError, ConnectorNotReadyError, SourceUnavailableError
+from app.core.fpm import ForwardPassMetrics
+from app.core.load import LoadInput, LoadTick, PendingTarget
 from app.core.throughput import ThroughputInput
 from app.core.tick import on_tick
-from app.core.types import DecisionStatus, Role, TickSnapshot
+from app.core.types import DecisionStatus, DecisionView, Replicas, Role, TickSnapshot
 from app.metrics import PlannerMetrics
+from app.sources.fpm import FpmSubscriber
+from app.sources.fpm import as_json as fpm_as_json
 from app.sources.traffic import TrafficSource
 from app.store import decisions as decision_store
 from app.store import ticks as tick_store
@@ -51,6 +58,16 @@ def process_identity() -> str:
 
 
 @dataclass(frozen=True)
+class LoadObservation:
+    """What load scaling saw this tick: the latest FPM per engine per role, the ready counts, and
+    the subscribers' counters (malformed, dropped, expired engines) for the tick record."""
+
+    fpm: dict[Role, dict]
+    ready: dict[Role, int]
+    sources: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class TickReport:
     tick_id: int
     decision: Decision | None  # created by this tick
@@ -71,11 +88,17 @@ class DeploymentWorker:
         resources: ModelResources | None = None,
         source: TrafficSource | None = None,
         connector: Connector | None = None,
+        fpm: dict[Role, FpmSubscriber] | None = None,
     ) -> None:
         self.config = config
         self.resources = resources or ModelResources(None, "no profile configured", None, 0)
         self.source = source
         self.connector = connector
+        # Load scaling: one ForwardPassMetrics subscriber per role, started with the worker.
+        self.fpm = fpm or {}
+        self._cadence: Cadence | None = None
+        # Both modes on: the floor of the last throughput step, for the load ticks in between.
+        self._floor: Replicas | None = None
         self.gpus_per_engine: dict[Role, int] = {r: config.role(r).gpus_per_engine for r in config.roles}
         # Empty once the source answers and the connector validated the deployment.
         self.startup_problems: list[str] = []
@@ -100,7 +123,9 @@ class DeploymentWorker:
     def interval_s(self) -> float:
         return self.config.tick_interval_s
 
-    def tick(self, now: datetime, throughput: ThroughputInput | None = None) -> TickReport | None:
+    def tick(
+        self, now: datetime, throughput: ThroughputInput | None = None, load: LoadObservation | None = None
+    ) -> TickReport | None:
         """Decide and persist one tick at `now` from inputs already gathered; None when another
         process holds this deployment's lease."""
         name = self.config.name
@@ -115,21 +140,28 @@ class DeploymentWorker:
                 )
             latest = decision_store.latest_decision(session, name)
             overrides = active_overrides(session, name, now)
+            latest_view = decision_store.view_of(latest) if latest else None
             snapshot = TickSnapshot(
                 deployment=name,
                 roles=self.config.roles,
                 config_bounds=self.config.bounds(),
                 overrides=overrides,
-                latest_decision=decision_store.view_of(latest) if latest else None,
+                latest_decision=latest_view,
                 throughput=throughput,
                 throughput_settings=(
                     self.config.throughput_settings(self.gpus_per_engine) if throughput is not None else None
                 ),
                 gpus_per_engine=self.gpus_per_engine,
                 budget_gpus=self.config.gpu_budget,
+                load=self._load_tick(load, latest_view, now) if load is not None else None,
+                load_enabled=self.config.load.enabled,
             )
             result = on_tick(snapshot, now)
+            if result.throughput_floor is not None:
+                self._floor = result.throughput_floor
             record = dict(result.diagnostics)
+            if load is not None:
+                record["fpm"] = load.sources
             record["expired_decision_id"] = expired.decision_id if expired else None
             tick = tick_store.add_tick(session, deployment=name, at=now, record=record)
 
@@ -162,13 +194,18 @@ class DeploymentWorker:
         self._metrics.paused.labels(name).set(1 if overrides.paused else 0)
         self._metrics.ticks.labels(name).inc()
         self._metrics.observe_throughput(name, record.get("throughput"))
+        self._metrics.observe_load(name, record.get("load"))
         throughput_state = record.get("throughput")
         throughput_note = (
             f"throughput {throughput_state['reason']}: {throughput_state['detail']}"
             if throughput_state
             else "throughput off"
         )
-        summary = f"[{name}] tick {tick.id}: target {result.target}; {throughput_note}; {verdict}"
+        load_state = record.get("load")
+        load_note = f"load {load_state['reason']}: {load_state['detail']}" if load_state else "load off"
+        summary = (
+            f"[{name}] tick {tick.id}: target {result.target}; {throughput_note}; {load_note}; {verdict}"
+        )
         log.info(summary)
         pending = decision or (
             latest if latest is not None and latest.status == DecisionStatus.PENDING else None
@@ -202,21 +239,87 @@ class DeploymentWorker:
         )
 
     async def _decode_engines(self) -> int | None:
+        counts = await self._ready_counts()
+        return counts.get("decode") if counts else None
+
+    async def _ready_counts(self) -> dict[str, int] | None:
+        """Ready engines per role: the connector's report, else the last acknowledged decision's
+        observed replicas; None when neither is known."""
         if self.connector is not None:
             try:
-                counts = await self.connector.ready_counts()
+                return await self.connector.ready_counts()
             except ConnectorError as exc:
                 log.warning("[%s] ready counts unavailable: %s", self.config.name, exc)
-                counts = None
-            return counts.get("decode") if counts else None
-        with self._sf() as session:
-            confirmed = decision_store.last_acknowledged(session, self.config.name)
-        observed = (confirmed.observed or decision_store.replicas_of(confirmed)) if confirmed else {}
-        return observed.get("decode")
+                return None
+
+        def read() -> dict[str, int] | None:
+            with self._sf() as session:
+                confirmed = decision_store.last_acknowledged(session, self.config.name)
+            if confirmed is None:
+                return None
+            return dict(confirmed.observed or decision_store.replicas_of(confirmed))
+
+        return await asyncio.to_thread(read)
+
+    def _load_tick(self, load: LoadObservation, latest: DecisionView | None, now: datetime) -> LoadTick:
+        models, settings = self.resources.load_models, self.resources.load_settings
+        assert models is not None and settings is not None, "load scaling without its models"
+        in_force = latest is not None and latest.status in (DecisionStatus.PENDING, DecisionStatus.SUCCEEDED)
+        load_input = LoadInput(
+            fpm=load.fpm,
+            ready=load.ready,
+            now=now,
+            # The last target stays "pending" for the load step until the ready counts reach it.
+            pending=PendingTarget(latest.replicas, latest.created_at) if in_force else None,  # type: ignore[union-attr]
+            throughput_floor=self._floor,
+        )
+        return LoadTick(models, load_input, settings)
+
+    async def gather_load(self) -> LoadObservation:
+        """Train the regressions on every iteration record since the last load tick; the latest
+        record per engine, and the ready counts to reconcile them with."""
+        trained: dict[Role, list[ForwardPassMetrics]] = {}
+        fpm: dict[Role, dict] = {}
+        sources: dict[str, Any] = {}
+        for role in self.config.roles:
+            subscriber = self.fpm.get(role)
+            if subscriber is None:
+                fpm[role] = {}
+                continue
+            trained[role] = subscriber.new_trainable_records()
+            snapshot = subscriber.snapshot()
+            fpm[role] = snapshot.records()
+            sources[role] = fpm_as_json(snapshot)
+        models = self.resources.load_models
+        if models is not None:
+            await asyncio.to_thread(models.observe_many, trained)
+        counts = await self._ready_counts()
+        # Without an inventory (no connector report, no acknowledged decision yet), the engines
+        # that report FPM are the inventory.
+        ready = {role: (counts or {}).get(role, len({w for w, _ in fpm[role]})) for role in self.config.roles}
+        return LoadObservation(fpm=fpm, ready=ready, sources=sources)
+
+    def _due(self, now: datetime) -> Due:
+        """Which modes run at `now`: both at the first tick, then each on its own interval."""
+        now_s = now.timestamp()
+        if self._cadence is None:
+            load_s = self.config.load.interval_s if self.config.load.enabled else None
+            throughput_s = self.config.throughput.interval_s if self.config.throughput.enabled else None
+            self._cadence = Cadence(
+                load_s,
+                throughput_s,
+                next_load_s=now_s if load_s else math.inf,
+                next_throughput_s=now_s if throughput_s else math.inf,
+            )
+        due = self._cadence.due(now_s)
+        self._cadence = self._cadence.after(now_s, due)
+        return due
 
     async def run_tick(self, now: datetime) -> TickReport | None:
-        throughput = await self.gather_throughput() if self.config.throughput.enabled else None
-        report = await asyncio.to_thread(self.tick, now, throughput)
+        due = self._due(now)
+        throughput = await self.gather_throughput() if due.throughput else None
+        load = await self.gather_load() if due.load and self.resources.load_models is not None else None
+        report = await asyncio.to_thread(self.tick, now, throughput, load)
         if report is not None and report.pending is not None:
             # Also a pending decision from an earlier tick or a pin (the cluster was not Ready).
             self.actuate(report.pending)
@@ -344,9 +447,13 @@ class DeploymentWorker:
                 log.exception("[%s] tick failed (%d in a row)", self.config.name, self.consecutive_failures)
 
     def start(self) -> None:
+        for subscriber in self.fpm.values():
+            subscriber.start()
         self._task = asyncio.create_task(self.run(), name=f"worker-{self.config.name}")
 
     async def stop(self) -> None:
+        for subscriber in self.fpm.values():
+            await asyncio.to_thread(subscriber.stop)
         if self._task is not None:
             self._task.cancel()
             try:

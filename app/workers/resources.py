@@ -22,6 +22,8 @@ from app.core.interpolation import PerfModel
 from app.core.load import LoadModels, LoadSettings
 from app.core.predictors import TrafficPredictor
 from app.core.traces import bucket_requests
+from app.core.types import Role
+from app.sources.fpm import FpmSubscriber
 from app.sources.frontend_scrape import FrontendScrapeSource
 from app.sources.profile_files import load_profile
 from app.sources.traces import load_trace
@@ -138,3 +140,21 @@ def make_source(
             sources.frontend_url, model_name=deployment.model_name, client=client, monotonic=monotonic
         )
     return make_traffic_source(deployment, client=client)
+
+
+def make_fpm_subscribers(
+    deployment: DeploymentConfig, *, monotonic: Callable[[], float] | None = None
+) -> dict[Role, FpmSubscriber]:
+    """One ForwardPassMetrics subscriber per role with endpoints, when load scaling is on (not
+    started: the worker starts and stops them). `monotonic` as for `make_source`."""
+    if not deployment.load.enabled:
+        return {}
+    return {
+        role: FpmSubscriber(
+            endpoints,
+            engine_timeout_s=deployment.load.engine_timeout_s,
+            **({"monotonic": monotonic} if monotonic is not None else {}),
+        )
+        for role, endpoints in deployment.fpm_endpoints_by_role().items()
+        if endpoints
+    }
