@@ -14,9 +14,10 @@ An idle heartbeat is an all-zero record with `wall_time_s == 0`.
   E4 `[version, worker_id, dp_rank, counter_id, wall_time, scheduled[7+], queued[6+]]`, told
   apart by the type of the first element; trailing extra fields are ignored.
 
-Anything else raises `ValueError` naming the field. Decoding is on the ingestion hot path (one
-call per message, hundreds of thousands per second), hence the fast path that checks whole
-groups of values at once and only walks field by field to explain a failure.
+Anything else raises `ValueError` naming the field: a missing field, a wrong type (a bool is not
+a count, a fractional count is not a count), a negative count or variance, a non-finite float.
+An integer in a float field is accepted and made a float. Decoding is on the ingestion hot path
+(one call per message, up to a hundred thousand per second), hence the unrolled checks below.
 """
 
 from __future__ import annotations

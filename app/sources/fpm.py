@@ -1,0 +1,529 @@
+"""ForwardPassMetrics (FPM) ingestion: a ZMQ SUB client on each engine's publisher.
+
+Engines publish one record per scheduler iteration as the multipart message
+`(topic, 8-byte big-endian sequence, msgpack payload)` (reference notes §4.2); the payload is
+read by `ForwardPassMetrics.from_wire` (map or positional array, E3 or E4).
+
+`FpmSubscriber` runs one daemon thread that owns a zmq Context and one SUB socket per endpoint,
+so ingestion never runs on (or blocks) the event loop; consumers read a copy with `snapshot()`
+and `new_trainable_records()`. The rules:
+
+- the inventory keeps the latest record per `(worker_id, dp_rank)`, with the endpoint it came
+  from and when it arrived; an engine silent for `engine_timeout_s` leaves it (`expired`);
+- an idle heartbeat (`wall_time == 0`) refreshes liveness and is the engine's latest record
+  (its queues are real), but is marked not trainable and never reaches
+  `new_trainable_records()`, so the regressions are not fitted on idle iterations;
+- the sequence is tracked per endpoint: a jump forward counts the missing messages as
+  `dropped` (the engine's queue or a high-water mark lost them); a sequence at or below the last
+  one is an engine restart (`restarts`), not an error;
+- a malformed message (frame count, sequence frame, msgpack, schema) is skipped and counted per
+  endpoint with the last reason; it is never fatal;
+- an unexpected error in the thread stops it and is reported by `snapshot()` (`running`,
+  `failure`) rather than swallowed.
+
+Throughput matters (hundreds of thousands of messages per second, see bench/fpm_ingest.py): the
+thread drains each ready socket until EAGAIN (bounded per round so one flooding engine cannot
+starve the others), tallies in local variables, and publishes a round's results under the lock
+in one step. The lock guards only the handoff: dict updates and copies, never decoding or I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import msgpack
+import zmq
+
+from app.core.errors import SourceUnavailableError
+from app.core.fpm import ForwardPassMetrics
+
+log = logging.getLogger(__name__)
+
+SOURCE_NAME = "fpm"
+EngineKey = tuple[str, int]  # (worker_id, dp_rank)
+
+# Messages queued per endpoint while the thread is busy or descheduled: seconds of an engine's
+# records (one per iteration), the size of Dynamo's own publisher queue. Past it messages are
+# dropped, which the sequence counts; memory stays bounded per endpoint (about 0.5 KiB each).
+DEFAULT_RCVHWM = 10_000
+# Records kept for `new_trainable_records()` between two calls; older ones are dropped (counted).
+DEFAULT_TRAINABLE_LIMIT = 10_000
+POLL_TIMEOUT_MS = 50  # how promptly `stop()` is noticed when nothing arrives
+DRAIN_BUDGET = 4096  # messages per socket per round, so every socket is served in turn
+EXPIRE_EVERY_S = 0.5  # the thread prunes silent engines at this cadence, besides `snapshot()`
+
+
+@dataclass(frozen=True)
+class EngineFpm:
+    """One engine's latest record in the inventory."""
+
+    record: ForwardPassMetrics
+    endpoint: str  # the publisher it came from
+    age_s: float  # since it arrived, at snapshot time
+    trainable: bool  # False for an idle heartbeat: liveness and queues, not a regression sample
+
+
+@dataclass(frozen=True)
+class EndpointCounters:
+    """Per publisher; `received` counts every message read, malformed ones included."""
+
+    endpoint: str
+    received: int = 0
+    malformed: int = 0
+    dropped: int = 0  # missing sequence numbers
+    heartbeats: int = 0
+    restarts: int = 0  # the sequence went back: the engine restarted
+    last_sequence: int | None = None
+    last_error: str | None = None
+
+
+@dataclass(frozen=True)
+class FpmSnapshot:
+    engines: Mapping[EngineKey, EngineFpm]  # live engines only
+    endpoints: Mapping[str, EndpointCounters]
+    received: int
+    malformed: int
+    dropped: int
+    heartbeats: int
+    restarts: int
+    expired: int  # engines that left the inventory after `engine_timeout_s` of silence
+    trainable_overflow: int  # trainable records dropped because nobody collected them in time
+    last_error: str | None  # the most recent malformed message's reason, from any endpoint
+    running: bool
+    failure: str | None  # why the ingestion thread stopped on its own, if it did
+
+    def records(self, endpoints: Collection[str] | None = None) -> dict[EngineKey, ForwardPassMetrics]:
+        """The latest record per engine (of the given endpoints only, e.g. one role's)."""
+        return {
+            key: engine.record
+            for key, engine in self.engines.items()
+            if endpoints is None or engine.endpoint in endpoints
+        }
+
+    def dp_ranks(self) -> dict[str, int]:
+        """Live dp ranks per worker_id: what reconciling with the ready count needs (§4.3 step 4)."""
+        ranks: dict[str, int] = {}
+        for worker_id, _ in self.engines:
+            ranks[worker_id] = ranks.get(worker_id, 0) + 1
+        return ranks
+
+
+class _Endpoint:
+    """Per-endpoint state, changed by the thread under the lock (`_publish`)."""
+
+    __slots__ = (
+        "endpoint",
+        "next_seq",
+        "received",
+        "malformed",
+        "dropped",
+        "heartbeats",
+        "restarts",
+        "error",
+    )
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.next_seq: int | None = None
+        self.received = 0
+        self.malformed = 0
+        self.dropped = 0
+        self.heartbeats = 0
+        self.restarts = 0
+        self.error: str | None = None
+
+    def values(self) -> tuple[str, int, int, int, int, int, int | None, str | None]:
+        """The fields of `EndpointCounters`, in order (cheap enough to take under the lock)."""
+        return (
+            self.endpoint,
+            self.received,
+            self.malformed,
+            self.dropped,
+            self.heartbeats,
+            self.restarts,
+            None if self.next_seq is None else self.next_seq - 1,
+            self.error,
+        )
+
+
+# (record, endpoint, received_at on the injected monotonic clock)
+_Entry = tuple[ForwardPassMetrics, str, float]
+
+
+_NOBLOCK = zmq.NOBLOCK
+_RCVMORE = zmq.RCVMORE
+
+
+def _discard_rest(sock: zmq.Socket) -> int:
+    """Read and drop the remaining frames of a message; how many there were."""
+    n = 0
+    while sock.getsockopt(_RCVMORE):
+        sock.recv()
+        n += 1
+    return n
+
+
+def _describe(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def validate_endpoint(endpoint: str) -> str | None:
+    """Why `endpoint` is not an address a SUB socket can connect to, or None if it is."""
+    transport, sep, address = endpoint.partition("://")
+    if not sep or not address:
+        return "expected transport://address, e.g. tcp://10.0.0.5:20380"
+    if transport == "inproc":
+        return "inproc:// cannot reach an engine in another process"
+    if transport == "tcp":
+        port = address.rpartition(":")[2]
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            return f"tcp port must be 1..65535, got {port!r}"
+    context = zmq.Context()
+    sock = context.socket(zmq.SUB)
+    try:
+        sock.connect(endpoint)  # zmq's own parser: transport, host syntax, wildcards
+    except zmq.ZMQError as exc:
+        return str(exc)
+    finally:
+        sock.close(linger=0)
+        context.term()
+    return None
+
+
+class FpmSubscriber:
+    """Subscribe to every endpoint in a background thread; read the inventory with `snapshot()`."""
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        *,
+        engine_timeout_s: float,
+        monotonic: Callable[[], float] = time.monotonic,
+        rcvhwm: int = DEFAULT_RCVHWM,
+        trainable_limit: int = DEFAULT_TRAINABLE_LIMIT,
+    ) -> None:
+        if engine_timeout_s <= 0:
+            raise ValueError(f"engine_timeout_s must be positive, got {engine_timeout_s}")
+        if len(set(endpoints)) != len(endpoints):
+            raise ValueError("an FPM endpoint is listed twice")
+        self.endpoints = list(endpoints)
+        self.engine_timeout_s = engine_timeout_s
+        self._monotonic = monotonic
+        self._rcvhwm = rcvhwm
+        self._trainable_limit = trainable_limit
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._context: zmq.Context | None = None
+        self._sockets: list[zmq.Socket] = []
+        self._state = {ep: _Endpoint(ep) for ep in self.endpoints}
+        self._latest: dict[EngineKey, _Entry] = {}
+        self._trainable: deque[ForwardPassMetrics] = deque(maxlen=trainable_limit)
+        self._trainable_overflow = 0
+        self._expired = 0
+        self._last_error: str | None = None
+        self._failure: str | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise `SourceUnavailableError` unless every endpoint is a valid ZMQ address.
+
+        Nothing is contacted: a SUB socket connects lazily and an engine that is not up yet is
+        simply silent, which the inventory shows."""
+        for endpoint in self.endpoints:
+            reason = validate_endpoint(endpoint)
+            if reason is not None:
+                raise SourceUnavailableError(SOURCE_NAME, f"{endpoint!r} is not a ZMQ address: {reason}")
+
+    def start(self) -> FpmSubscriber:
+        if self._thread is not None:
+            raise RuntimeError("the FPM subscriber was already started")
+        self.check()
+        # Sockets are created here, then used only by the thread (handing a socket to a thread
+        # it then owns is allowed; the thread start is the memory barrier zmq asks for).
+        self._context = zmq.Context()
+        try:
+            for endpoint in self.endpoints:
+                sock = self._context.socket(zmq.SUB)
+                self._sockets.append(sock)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.RCVHWM, self._rcvhwm)
+                sock.setsockopt(zmq.SUBSCRIBE, b"")
+                sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            self._close_sockets()
+            raise SourceUnavailableError(SOURCE_NAME, f"cannot connect: {exc}") from None
+        self._thread = threading.Thread(target=self._run, name="fpm-subscriber", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            thread.join(timeout_s)
+            if thread.is_alive():
+                log.warning("the FPM subscriber thread did not stop within %.1f s", timeout_s)
+        elif thread is None:
+            self._close_sockets()
+
+    def __enter__(self) -> FpmSubscriber:
+        return self if self._thread is not None else self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # --- what consumers read --------------------------------------------------------------------
+
+    def snapshot(self) -> FpmSnapshot:
+        """A consistent copy: live engines, their ages, and the counters. Thread-safe."""
+        now = self._monotonic()
+        with self._lock:
+            latest = self._latest.copy()
+        self._expire(now, latest)
+        with self._lock:
+            counters = [state.values() for state in self._state.values()]
+            expired, overflow = self._expired, self._trainable_overflow
+            last_error = self._last_error
+        endpoints = {values[0]: EndpointCounters(*values) for values in counters}
+        engines = {
+            key: EngineFpm(record, endpoint, max(0.0, now - at), record.wall_time_s != 0.0)
+            for key, (record, endpoint, at) in latest.items()
+        }
+        return FpmSnapshot(
+            engines=engines,
+            endpoints=endpoints,
+            received=sum(c.received for c in endpoints.values()),
+            malformed=sum(c.malformed for c in endpoints.values()),
+            dropped=sum(c.dropped for c in endpoints.values()),
+            heartbeats=sum(c.heartbeats for c in endpoints.values()),
+            restarts=sum(c.restarts for c in endpoints.values()),
+            expired=expired,
+            trainable_overflow=overflow,
+            last_error=last_error,
+            running=self.running,
+            failure=self._failure,
+        )
+
+    def new_trainable_records(self) -> list[ForwardPassMetrics]:
+        """Every non-heartbeat record received since the previous call, oldest first (at most
+        `trainable_limit`; older ones were dropped and counted in `trainable_overflow`)."""
+        fresh: deque[ForwardPassMetrics] = deque(maxlen=self._trainable_limit)
+        with self._lock:
+            taken, self._trainable = self._trainable, fresh
+        return list(taken)
+
+    def _expire(self, now: float, latest: dict[EngineKey, _Entry]) -> None:
+        """Remove the engines silent for `engine_timeout_s` from the inventory and from `latest`
+        (the caller's copy of it)."""
+        limit = now - self.engine_timeout_s
+        stale = [key for key, (_, _, at) in latest.items() if at < limit]
+        if not stale:
+            return
+        gone: list[EngineKey] = []
+        with self._lock:
+            for key in stale:
+                entry = self._latest.get(key)
+                if entry is not None and entry[2] < limit:  # not refreshed since the copy
+                    del self._latest[key]
+                    gone.append(key)
+            self._expired += len(gone)
+        for key in stale:  # a refreshed one is back in the next snapshot
+            del latest[key]
+        if gone:
+            log.info("FPM: silent for %.1f s, left the inventory: %s", self.engine_timeout_s, gone)
+
+    # --- the thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as exc:  # reported through snapshot(): running=False, failure=...
+            self._failure = f"{type(exc).__name__}: {exc}"
+            log.exception("the FPM subscriber thread stopped")
+        finally:
+            self._close_sockets()
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        state_of: dict[Any, _Endpoint] = {}
+        for sock, endpoint in zip(self._sockets, self.endpoints, strict=True):
+            poller.register(sock, zmq.POLLIN)
+            state_of[sock] = self._state[endpoint]
+        next_expiry = self._monotonic() + EXPIRE_EVERY_S
+        while not self._stop.is_set():
+            ready = poller.poll(POLL_TIMEOUT_MS)
+            now = self._monotonic()
+            if ready:
+                latest: dict[EngineKey, _Entry] = {}
+                trainable: list[ForwardPassMetrics] = []
+                tallies = [self._drain(sock, state_of[sock], now, latest, trainable) for sock, _ in ready]
+                self._publish(latest, trainable, tallies)
+            if now >= next_expiry:
+                with self._lock:
+                    latest_copy = self._latest.copy()
+                self._expire(now, latest_copy)
+                next_expiry = now + EXPIRE_EVERY_S
+
+    def _drain(
+        self,
+        sock: zmq.Socket,
+        state: _Endpoint,
+        now: float,
+        latest: dict[EngineKey, _Entry],
+        trainable: list[ForwardPassMetrics],
+    ) -> _Tally:
+        """Read up to DRAIN_BUDGET messages without blocking. The hot loop: locals only.
+
+        Frames are read one by one rather than with `recv_multipart`, which costs a Python-level
+        loop and list per message (about a quarter of the receive time). ZMQ delivers a multipart
+        message whole, so once its first frame is in the blocking reads of the rest return at once.
+        """
+        recv = sock.recv
+        more = sock.getsockopt
+        unpack = msgpack.unpackb
+        from_wire = ForwardPassMetrics.from_wire
+        from_bytes = int.from_bytes
+        append = trainable.append
+        endpoint = state.endpoint
+        expected = state.next_seq
+        received = malformed = dropped = heartbeats = restarts = 0
+        error: str | None = None
+        for _ in range(DRAIN_BUDGET):
+            try:
+                recv(_NOBLOCK)  # the topic: any
+            except zmq.Again:
+                break
+            received += 1
+            if not more(_RCVMORE):
+                malformed += 1
+                error = "expected 3 frames (topic, sequence, payload), got 1"
+                continue
+            seq_frame = recv()
+            if not more(_RCVMORE):
+                malformed += 1
+                error = "expected 3 frames (topic, sequence, payload), got 2"
+                continue
+            payload = recv()
+            if more(_RCVMORE):
+                extra = _discard_rest(sock)
+                malformed += 1
+                error = f"expected 3 frames (topic, sequence, payload), got {3 + extra}"
+                continue
+            if len(seq_frame) != 8:
+                malformed += 1
+                error = f"sequence frame is {len(seq_frame)} bytes, expected 8"
+                continue
+            seq = from_bytes(seq_frame, "big")
+            if seq != expected:
+                if expected is not None:
+                    if seq > expected:
+                        dropped += seq - expected
+                    else:
+                        restarts += 1
+            expected = seq + 1
+            try:
+                obj = unpack(payload, raw=False, strict_map_key=False)
+            except Exception as exc:  # ExtraData, FormatError, StackError, UnicodeDecodeError, ...
+                malformed += 1
+                error = f"seq {seq}: payload is not msgpack ({_describe(exc)})"
+                continue
+            try:
+                record = from_wire(obj)
+            except ValueError as exc:
+                malformed += 1
+                error = f"seq {seq}: {exc}"
+                continue
+            if record.wall_time_s == 0.0:
+                heartbeats += 1
+            else:
+                append(record)
+            latest[(record.worker_id, record.dp_rank)] = (record, endpoint, now)
+        return _Tally(state, received, malformed, dropped, heartbeats, restarts, error, expected)
+
+    def _publish(
+        self, latest: dict[EngineKey, _Entry], trainable: list[ForwardPassMetrics], tallies: list[_Tally]
+    ) -> None:
+        first_errors = [t for t in tallies if t.error is not None and t.state.malformed == 0]
+        with self._lock:
+            self._latest.update(latest)
+            if trainable:
+                overflow = len(self._trainable) + len(trainable) - self._trainable_limit
+                if overflow > 0:
+                    self._trainable_overflow += overflow
+                self._trainable.extend(trainable)
+            for t in tallies:
+                state = t.state
+                state.received += t.received
+                state.malformed += t.malformed
+                state.dropped += t.dropped
+                state.heartbeats += t.heartbeats
+                state.restarts += t.restarts
+                state.next_seq = t.next_seq
+                if t.error is not None:
+                    state.error = f"{state.endpoint}: {t.error}"
+                    self._last_error = state.error
+        for t in first_errors:  # once per endpoint; the counters and last_error say the rest
+            log.warning("FPM: skipped a malformed message from %s: %s", t.state.endpoint, t.error)
+
+    def _close_sockets(self) -> None:
+        for sock in self._sockets:
+            sock.close(linger=0)
+        self._sockets = []
+        if self._context is not None:
+            self._context.term()
+            self._context = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Tally:
+    """What one drain of one socket saw, applied to the shared counters under the lock."""
+
+    state: _Endpoint
+    received: int
+    malformed: int
+    dropped: int
+    heartbeats: int
+    restarts: int
+    error: str | None
+    next_seq: int | None
+
+
+def as_json(snapshot: FpmSnapshot) -> dict[str, Any]:
+    """The snapshot for diagnostics: counters and per-engine summaries, no raw records."""
+    return {
+        "received": snapshot.received,
+        "malformed": snapshot.malformed,
+        "dropped": snapshot.dropped,
+        "heartbeats": snapshot.heartbeats,
+        "restarts": snapshot.restarts,
+        "expired": snapshot.expired,
+        "trainable_overflow": snapshot.trainable_overflow,
+        "last_error": snapshot.last_error,
+        "running": snapshot.running,
+        "failure": snapshot.failure,
+        "engines": [
+            {
+                "worker_id": worker_id,
+                "dp_rank": dp_rank,
+                "endpoint": engine.endpoint,
+                "age_s": round(engine.age_s, 3),
+                "trainable": engine.trainable,
+            }
+            for (worker_id, dp_rank), engine in sorted(snapshot.engines.items())
+        ],
+    }
