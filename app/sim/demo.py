@@ -138,7 +138,7 @@ def check_port_free(port: int, host: str = "127.0.0.1") -> None:
 
 
 def service_deployments_file(
-    plan: DemoPlan, *, frontend_url: str, fpm_endpoints: list[str]
+    plan: DemoPlan, *, frontend_url: str, fpm_endpoints: dict[str, list[str]]
 ) -> dict[str, Any]:
     """The replay config's deployment as `planner serve` reads it: absolute paths, the virtual
     connector (the demo's orchestrator), and the simulated frontend and engines as sources."""
@@ -172,7 +172,7 @@ class Demo:
         self.options = plan.options
         self.out = out or (lambda line: print(line, flush=True))
         deployment = plan.deployment
-        slots = deployment.prefill.max_replicas + deployment.decode.max_replicas
+        slots = {role: deployment.role(role).max_replicas for role in ROLES}
         self.publisher: FpmPublisher | None = None
         self._slots = slots
         self.cluster: Cluster | None = None
@@ -416,7 +416,7 @@ class Demo:
             await self.frontend.start()
             config_path = self.tmp_dir / "deployments.yaml"
             config = service_deployments_file(
-                self.plan, frontend_url=self.frontend.url(), fpm_endpoints=self.publisher.endpoints
+                self.plan, frontend_url=self.frontend.url(), fpm_endpoints=self.publisher.endpoints_by_role
             )
             config_path.write_text(yaml.safe_dump(config, sort_keys=False))
             load_deployments(config_path)  # what the service will read must be valid

@@ -112,30 +112,39 @@ FPM_SNDHWM = 10_000
 class FpmPublisher:
     """One publisher socket per engine slot, bound to `tcp://{host}:{base_port + n}`.
 
-    Engines come and go; an engine takes the lowest free slot when it reports its first record
-    and gives it back when it stops (`release_stopped`), the way a restarted engine reuses its
-    port. Sockets are XPUB with XPUB_NODROP, wire-compatible with PUB for subscribers: a plain PUB
+    Each role has its own range of slots (prefill first, then decode), so the planner can be told
+    which endpoints are which role's. Engines come and go; an engine takes the lowest free slot
+    of its role (the cluster names engines `prefill-N` / `decode-N`) when it reports its first
+    record and gives it back when it stops (`release_stopped`), the way a restarted engine reuses
+    its port. Sockets are XPUB with XPUB_NODROP, wire-compatible with PUB for subscribers: a plain PUB
     drops silently at the high-water mark, XPUB_NODROP says so (EAGAIN) and the drop is counted.
     """
 
     def __init__(
         self,
-        slots: int,
+        slots: dict[str, int],
         *,
         host: str = "127.0.0.1",
         base_port: int | None = None,
         sndhwm: int = FPM_SNDHWM,
     ) -> None:
-        if slots < 1:
-            raise ValueError(f"need at least one FPM slot, got {slots}")
+        if not slots or min(slots.values()) < 1:
+            raise ValueError(f"need at least one FPM slot per role, got {slots}")
+        total = sum(slots.values())
         self.host = host
         self._context = zmq.Context()
         self._sockets: list[zmq.Socket] = []
         self._sndhwm = sndhwm
-        self.base_port = self._bind(slots, base_port)
-        self._sequence = [0] * slots
+        self.base_port = self._bind(total, base_port)
+        self._sequence = [0] * total
         self._slot_of: dict[str, int] = {}
-        self._free = list(range(slots))  # kept sorted: the lowest free slot is taken first
+        # Per role, kept sorted: the lowest free slot is taken first.
+        self._free: dict[str, list[int]] = {}
+        first = 0
+        for role, count in slots.items():
+            self._free[role] = list(range(first, first + count))
+            first += count
+        self._role_slots = {role: list(free) for role, free in self._free.items()}
         self.sent = 0
         self.dropped = 0  # at the high-water mark
         self.unplaced = 0  # more engines than slots (an operator raised the bounds)
@@ -144,6 +153,13 @@ class FpmPublisher:
     @property
     def endpoints(self) -> list[str]:
         return [f"tcp://{self.host}:{self.base_port + n}" for n in range(len(self._sockets))]
+
+    @property
+    def endpoints_by_role(self) -> dict[str, list[str]]:
+        return {
+            role: [f"tcp://{self.host}:{self.base_port + n}" for n in slots]
+            for role, slots in self._role_slots.items()
+        }
 
     def endpoint_of(self, engine_id: str) -> str | None:
         slot = self._slot_of.get(engine_id)
@@ -177,10 +193,11 @@ class FpmPublisher:
         """The cluster's `on_fpm` callback: one multipart message, never blocking."""
         slot = self._slot_of.get(fpm.worker_id)
         if slot is None:
-            if not self._free:
+            free = self._free.get(fpm.worker_id.split("-", 1)[0])
+            if not free:
                 self.unplaced += 1
                 return
-            slot = self._free.pop(0)
+            slot = free.pop(0)
             self._slot_of[fpm.worker_id] = slot
         seq = self._sequence[slot]
         try:
@@ -197,9 +214,9 @@ class FpmPublisher:
         """Give back the slots of engines that stopped."""
         gone = [engine_id for engine_id in self._slot_of if engine_id not in live_engine_ids]
         for engine_id in gone:
-            self._free.append(self._slot_of.pop(engine_id))
-        if gone:
-            self._free.sort()
+            free = self._free[engine_id.split("-", 1)[0]]
+            free.append(self._slot_of.pop(engine_id))
+            free.sort()
 
     def drain_subscriptions(self) -> None:
         """XPUB hands subscription messages up; nobody needs them, so keep the queues empty."""
