@@ -2,17 +2,82 @@
 
 from __future__ import annotations
 
+import logging
+import math
+import threading
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge
 
+from app.core.load import LoadReason
 from app.core.throughput import ThroughputReason
+
+log = logging.getLogger(__name__)
 
 _ROLE_GAUGES = {
     "prefill": "dynamo_planner_predicted_num_prefill_replicas",
     "decode": "dynamo_planner_predicted_num_decode_replicas",
     "workers": "dynamo_planner_predicted_num_workers_replicas",
 }
+
+
+# The reference's Enum states (§5.3), in its order: "unset" first, so a deployment's series starts
+# there, and the states exist even before our code produces them, so dashboards read the same.
+LOAD_STATES: tuple[str, ...] = tuple(r.value for r in LoadReason)
+_REFERENCE_THROUGHPUT_STATES = (
+    "unset",
+    "disabled",
+    "no_traffic_data",
+    "predict_failed",
+    "model_not_ready",
+    "set_lower_bound",
+    "scale",
+)
+THROUGHPUT_STATES: tuple[str, ...] = _REFERENCE_THROUGHPUT_STATES + tuple(
+    r.value for r in ThroughputReason if r.value not in _REFERENCE_THROUGHPUT_STATES
+)
+
+# Per-engine gauges: the load record's engine row field -> (metric name, help). The reference's
+# "in-flight" decode KV is what the engine has scheduled (in its running batch).
+_ENGINE_GAUGES = {
+    "queued_prefill_tokens": (
+        "dynamo_planner_engine_queued_prefill_tokens",
+        "Prompt tokens waiting in the engine's queue at its last forward pass",
+    ),
+    "queued_decode_kv_tokens": (
+        "dynamo_planner_engine_queued_decode_kv_tokens",
+        "KV tokens of decode requests waiting in the engine's queue",
+    ),
+    "scheduled_decode_kv_tokens": (
+        "dynamo_planner_engine_inflight_decode_kv_tokens",
+        "KV tokens of the decode requests in the engine's running batch",
+    ),
+    "estimated_ttft_ms": (
+        "dynamo_planner_engine_estimated_ttft_ms",
+        "TTFT a request arriving now would see on this engine (FPM regression)",
+    ),
+    "estimated_itl_ms": (
+        "dynamo_planner_engine_estimated_itl_ms",
+        "Next ITL on this engine with one more average request (FPM regression)",
+    ),
+}
+_ENGINE_LABELS = ["deployment", "role", "worker_id", "dp_rank"]
+
+
+def _number(value: Any) -> float | None:
+    # bool is an int: a flag must not become a gauge value; NaN is "no value", so no series.
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _engine_labels(engine: Any) -> tuple[str, str] | None:
+    """(worker_id, dp_rank) of a load record's engine id "<worker_id>:dp<rank>"."""
+    if not isinstance(engine, str):
+        return None
+    worker, sep, rank = engine.rpartition(":dp")
+    return (worker, rank) if sep and worker else (engine, "")
 
 
 class PlannerMetrics:
@@ -108,9 +173,57 @@ class PlannerMetrics:
             "dynamo_planner_throughput_scaling_decision",
             "Outcome of the last throughput step",
             ["deployment"],
-            states=[r.value for r in ThroughputReason],
+            states=list(THROUGHPUT_STATES),
             registry=r,
         )
+
+        # Load scaling (reference §7.1), from the tick record's `load` section.
+        self.load_decision = Enum(
+            "dynamo_planner_load_scaling_decision",
+            "Outcome of the last load step",
+            ["deployment"],
+            states=list(LOAD_STATES),
+            registry=r,
+        )
+        self.estimated_ttft_ms = gauge(
+            "dynamo_planner_estimated_ttft_ms", "Estimated TTFT of a request arriving now, max over engines"
+        )
+        self.estimated_itl_ms = gauge(
+            "dynamo_planner_estimated_itl_ms", "Estimated next ITL, max over engines"
+        )
+        self.sla_target = {
+            "ttft_ms": gauge(
+                "dynamo_planner_sla_target_ttft_ms", "TTFT target the load step decided against"
+            ),
+            "itl_ms": gauge("dynamo_planner_sla_target_itl_ms", "ITL target the load step decided against"),
+        }
+        self.engine_gauges = {
+            field: Gauge(name, doc, _ENGINE_LABELS, registry=r)
+            for field, (name, doc) in _ENGINE_GAUGES.items()
+        }
+        self.regression_samples = Gauge(
+            "dynamo_planner_regression_samples",
+            "Forward passes in the FPM regression's window",
+            ["deployment", "model"],
+            registry=r,
+        )
+        self.regression_ready = Gauge(
+            "dynamo_planner_regression_ready",
+            "1 while the FPM regression can estimate latencies",
+            ["deployment", "model"],
+            registry=r,
+        )
+        self.regression_coefficient = Gauge(
+            "dynamo_planner_regression_coefficient_seconds",
+            "FPM regression coefficient: seconds per unit of the term (the intercept in seconds)",
+            ["deployment", "model", "term"],
+            registry=r,
+        )
+        # The labelled children set for each deployment by its last load step, so the next step
+        # removes what it does not set again (departed engines disappear, rather than freeze at
+        # their last value). Only this deployment's children: one registry serves all deployments.
+        self._load_children: dict[str, list[tuple[Gauge, tuple[str, ...]]]] = {}
+        self._load_lock = threading.Lock()
 
     def add_notify_gauge(self) -> Gauge:
         if self.notify_connected is None:
@@ -125,7 +238,11 @@ class PlannerMetrics:
         """Export one throughput step's record; a value the step did not have is left out."""
         if not record:
             return
-        self.throughput_decision.labels(deployment).state(record["reason"])
+        reason = record.get("reason")
+        if reason in THROUGHPUT_STATES:
+            self.throughput_decision.labels(deployment).state(reason)
+        else:  # a new reason must not fail the tick that was already stored
+            log.warning("[%s] throughput reason %r is not an exported state", deployment, reason)
         for (section, key), metric in self.throughput_gauges.items():
             value = (record.get(section) or {}).get(key)
             if isinstance(value, int | float):
@@ -135,6 +252,79 @@ class PlannerMetrics:
             self.observed_rps.labels(deployment).set(observed["num_req"] / observed["duration_s"])
         if predicted.get("num_req") is not None and observed.get("duration_s"):
             self.predicted_rps.labels(deployment).set(predicted["num_req"] / observed["duration_s"])
+
+    def observe_load(
+        self, deployment: str, load: Mapping[str, Any] | None, *, load_enabled: bool = True
+    ) -> None:
+        """Export one tick's load record (`record["load"]`, app.core.load's diagnostics).
+
+        None is a tick without a load step: with `load_enabled` (load scaling on, this was not a
+        load tick) the last step's values stay; without it the decision reads `disabled` and the
+        load gauges of the deployment go away. Missing keys leave their gauges out."""
+        with self._load_lock:
+            if load is None:
+                if load_enabled:
+                    self.load_decision.labels(deployment)  # the series exists, at "unset" until a step
+                    return
+                self._replace_load_children(deployment, [])
+                self.load_decision.labels(deployment).state(LoadReason.DISABLED.value)
+                return
+            reason = load.get("reason")
+            if reason in LOAD_STATES:
+                self.load_decision.labels(deployment).state(reason)
+            else:
+                log.warning("[%s] load reason %r is not an exported state", deployment, reason)
+            self._replace_load_children(deployment, self._load_values(deployment, load))
+
+    def _load_values(
+        self, deployment: str, load: Mapping[str, Any]
+    ) -> list[tuple[Gauge, tuple[str, ...], float]]:
+        """Every labelled value a load record sets, as (gauge, labels, value)."""
+        values: list[tuple[Gauge, tuple[str, ...], float]] = []
+
+        def put(gauge: Gauge, labels: tuple[str, ...], value: Any) -> None:
+            number = _number(value)
+            if number is not None:
+                values.append((gauge, labels, number))
+
+        put(self.estimated_ttft_ms, (deployment,), load.get("estimated_ttft_ms"))
+        put(self.estimated_itl_ms, (deployment,), load.get("estimated_itl_ms"))
+        targets = load.get("targets")
+        if isinstance(targets, Mapping):
+            for key, gauge in self.sla_target.items():
+                put(gauge, (deployment,), targets.get(key))
+        roles = load.get("roles")
+        for role, section in roles.items() if isinstance(roles, Mapping) else ():
+            engines = section.get("engines") if isinstance(section, Mapping) else None
+            for row in engines if isinstance(engines, list) else ():
+                if not isinstance(row, Mapping) or (labels := _engine_labels(row.get("engine"))) is None:
+                    continue
+                for field, gauge in self.engine_gauges.items():
+                    put(gauge, (deployment, str(role), *labels), row.get(field))
+        models = load.get("models")
+        for model, diag in models.items() if isinstance(models, Mapping) else ():
+            if not isinstance(diag, Mapping):
+                continue
+            put(self.regression_samples, (deployment, str(model)), diag.get("observations"))
+            if isinstance(diag.get("ready"), bool):
+                put(self.regression_ready, (deployment, str(model)), int(diag["ready"]))
+            coefficients = diag.get("coefficients")
+            for key, value in coefficients.items() if isinstance(coefficients, Mapping) else ():
+                # "intercept_s", "<feature>_s"; "clipped" and "rank" describe the fit, not a term.
+                if isinstance(key, str) and key.endswith("_s"):
+                    put(self.regression_coefficient, (deployment, str(model), key[:-2]), value)
+        return values
+
+    def _replace_load_children(
+        self, deployment: str, values: list[tuple[Gauge, tuple[str, ...], float]]
+    ) -> None:
+        fresh = {(gauge, labels) for gauge, labels, _ in values}
+        for gauge, labels in self._load_children.get(deployment, []):
+            if (gauge, labels) not in fresh:
+                gauge.remove(*labels)
+        for gauge, labels, value in values:
+            gauge.labels(*labels).set(value)
+        self._load_children[deployment] = [(gauge, labels) for gauge, labels, _ in values]
 
     def observe_decision(self, deployment: str, replicas: dict[str, int], status: str) -> None:
         for role, count in replicas.items():

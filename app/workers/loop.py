@@ -194,7 +194,7 @@ class DeploymentWorker:
         self._metrics.paused.labels(name).set(1 if overrides.paused else 0)
         self._metrics.ticks.labels(name).inc()
         self._metrics.observe_throughput(name, record.get("throughput"))
-        self._metrics.observe_load(name, record.get("load"))
+        self._metrics.observe_load(name, record.get("load"), load_enabled=self.config.load.enabled)
         throughput_state = record.get("throughput")
         throughput_note = (
             f"throughput {throughput_state['reason']}: {throughput_state['detail']}"

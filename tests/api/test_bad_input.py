@@ -43,6 +43,7 @@ class Case:
 
 
 COMPLETE = "/decisions/1/complete"
+REPORT = "/diagnostics/report"
 CASES = [
     # --- POST /override ---
     Case("override-malformed-json", "POST", "/override", 422, "body", content=b'{"deployment": "demo",'),
@@ -306,6 +307,22 @@ CASES = [
         params={"deployment": "nope"},
     ),
     Case("diagnostics-no-token", "GET", "/diagnostics", 401, None, token=None),
+    # --- GET /diagnostics/report ---
+    Case("report-since-yesterday", "GET", REPORT, 422, "since", params={"since": "yesterday"}),
+    Case("report-since-no-timezone", "GET", REPORT, 422, "since", params={"since": "2026-11-29T12:00:00"}),
+    Case("report-until-no-timezone", "GET", REPORT, 422, "until", params={"until": "2026-11-29T12:00:00"}),
+    Case(
+        "report-until-before-since",
+        "GET",
+        REPORT,
+        422,
+        "until",
+        params={"since": "2026-11-29T12:00:00Z", "until": "2026-11-29T11:00:00Z"},
+    ),
+    Case("report-unknown-deployment", "GET", REPORT, 404, "deployment", params={"deployment": "nope"}),
+    Case("report-deployment-too-long", "GET", REPORT, 422, "deployment", params={"deployment": "d" * 64}),
+    Case("report-no-token", "GET", REPORT, 401, None, token=None),
+    Case("report-unknown-token", "GET", REPORT, 401, None, token="wrong-token-123"),
     # --- GET /override, DELETE /override/{id}, GET /audit, GET /deployments/{name} ---
     Case(
         "list-overrides-include-inactive-maybe",
@@ -382,6 +399,11 @@ NEVER_500 = [
     pytest.param(
         "GET", "/diagnostics", {"params": {"until": "9999-12-31T23:59:59-14:00"}}, id="until-year-9999"
     ),
+    pytest.param("GET", REPORT, {"params": {"since": "0001-01-01T00:00:00+14:00"}}, id="report-since-year-1"),
+    pytest.param(
+        "GET", REPORT, {"params": {"until": "9999-12-31T23:59:59-14:00"}}, id="report-until-year-9999"
+    ),
+    pytest.param("GET", REPORT, {"params": {"deployment": "demo\u0000"}}, id="report-nul-in-deployment"),
 ]
 
 

@@ -22,6 +22,7 @@ EXPECTED_OPERATION_IDS = {
     "get_decision",
     "complete_decision",
     "list_diagnostics",
+    "diagnostics_report",
     "create_override",
     "list_overrides",
     "delete_override",

@@ -1,18 +1,29 @@
-"""Per-tick diagnostics records."""
+"""Per-tick diagnostics records, and the report page over them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
+from fastapi.responses import HTMLResponse
+from sqlalchemy import Select, func, select
+from sqlalchemy.orm import Session
 
 from app.api.auth import Viewer
 from app.api.convert import tick_out
 from app.api.deps import DeploymentsDep, SessionDep, deployment_or_raise
 from app.api.schemas import MAX_ID, Problem, TickPage
+from app.config import DeploymentConfig, DeploymentsFile
 from app.core.errors import InvalidInputError
+from app.diagnostics_report import render_diagnostics_report
 from app.store import ticks as store
+from app.store.models import Tick
+
+# The reference's DiagnosticsRecorder keeps at most 50 000 snapshots; so does one report (2.9 days
+# at 5 s ticks), which bounds its size and the time to build it.
+MAX_REPORT_TICKS = 50_000
 
 router = APIRouter(tags=["diagnostics"])
 
@@ -26,6 +37,13 @@ def _utc(field: str, value: datetime | None) -> datetime | None:
         return value.astimezone(UTC)
     except OverflowError:
         raise InvalidInputError(field, "is outside the range of representable UTC times") from None
+
+
+def _range(since: datetime | None, until: datetime | None) -> tuple[datetime | None, datetime | None]:
+    since, until = _utc("since", since), _utc("until", until)
+    if since is not None and until is not None and until <= since:
+        raise InvalidInputError("until", "must be after since")
+    return since, until
 
 
 @router.get(
@@ -53,12 +71,90 @@ def list_diagnostics(
 ) -> TickPage:
     if deployment is not None:
         deployment_or_raise(deployments, deployment)
-    since, until = _utc("since", since), _utc("until", until)
-    if since is not None and until is not None and until <= since:
-        raise InvalidInputError("until", "must be after since")
+    since, until = _range(since, until)
     rows = store.list_ticks(
         session, deployment=deployment, since=since, until=until, cursor=cursor, limit=limit + 1
     )
     more = len(rows) > limit
     rows = rows[:limit]
     return TickPage(items=[tick_out(t) for t in rows], next_cursor=rows[-1].id if more else None)
+
+
+_PROBLEM_RESPONSE: dict[str, Any] = {
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+}
+
+
+def _report_deployment(deployments: DeploymentsFile, name: str | None) -> DeploymentConfig:
+    """A report covers one deployment; the name may be left out only when there is one."""
+    if name is not None:
+        return deployment_or_raise(deployments, name)
+    if len(deployments.deployments) == 1:
+        return deployments.deployments[0]
+    raise InvalidInputError(
+        "deployment", "required: a report covers one deployment and several are configured"
+    )
+
+
+def _in_range(
+    query: Select[Any], deployment: str, since: datetime | None, until: datetime | None
+) -> Select[Any]:
+    query = query.where(Tick.deployment == deployment)
+    if since is not None:
+        query = query.where(Tick.at >= since)
+    if until is not None:
+        query = query.where(Tick.at < until)
+    return query
+
+
+def _latest_ticks(
+    session: Session, deployment: str, since: datetime | None, until: datetime | None, limit: int
+) -> tuple[int, Iterator[tuple[datetime, dict[str, Any]]]]:
+    """How many ticks the range holds, and the latest `limit` of them oldest first, streamed
+    (the records are reduced one by one; 50 000 of them at once would not fit comfortably)."""
+    total = session.scalar(_in_range(select(func.count()).select_from(Tick), deployment, since, until)) or 0
+    latest = _in_range(select(Tick.id), deployment, since, until).order_by(Tick.at.desc(), Tick.id.desc())
+    query = (
+        select(Tick.at, Tick.record)
+        .where(Tick.id.in_(latest.limit(limit).scalar_subquery()))
+        .order_by(Tick.at, Tick.id)
+        .execution_options(yield_per=1000)
+    )
+    return total, ((at, record) for at, record in session.execute(query))
+
+
+@router.get(
+    "/diagnostics/report",
+    name="diagnostics_report",
+    response_class=HTMLResponse,
+    responses={
+        200: {"description": "A self-contained HTML page (plotly.js inline)", "content": {"text/html": {}}},
+        # Errors are problem documents as everywhere; `model=` would file them under text/html.
+        **{status: _PROBLEM_RESPONSE for status in (401, 403, 404, 422)},
+    },
+)
+def diagnostics_report(
+    session: SessionDep,
+    deployments: DeploymentsDep,
+    _: Viewer,
+    deployment: Annotated[
+        str | None, Query(max_length=63, description="Required when more than one deployment is configured")
+    ] = None,
+    since: Annotated[datetime | None, Query(description="Inclusive, ISO 8601 with a time zone")] = None,
+    until: Annotated[datetime | None, Query(description="Exclusive, ISO 8601 with a time zone")] = None,
+) -> HTMLResponse:
+    """The stored ticks of one deployment as the reference's diagnostics report: replicas, load,
+    latencies against the SLA, per-engine queues and the decisions by reason, on one time axis.
+    At most the latest 50 000 ticks of the range (the page says when it shows fewer)."""
+    config = _report_deployment(deployments, deployment)
+    since, until = _range(since, until)
+    total, ticks = _latest_ticks(session, config.name, since, until, MAX_REPORT_TICKS)
+    page = render_diagnostics_report(
+        config.name,
+        ticks,
+        sla=(config.sla.ttft_ms, config.sla.itl_ms),
+        since=since,
+        until=until,
+        ticks_in_range=total,
+    )
+    return HTMLResponse(page)
