@@ -125,6 +125,19 @@ def _number(*, minimum: float, inclusive: bool, integer: bool = False):  # type:
     return parse
 
 
+def _modes(text: str) -> tuple[str, ...]:
+    """An argparse type: `load,throughput`, `load` or `throughput`."""
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    if not modes or set(modes) - {"load", "throughput"} or len(set(modes)) != len(modes):
+        raise argparse.ArgumentTypeError(f"expected load,throughput | load | throughput, got {text!r}")
+    return modes
+
+
+MODES_HELP = (
+    "the planner's scaling modes for this run: load,throughput | load | throughput (default: the file's)"
+)
+
+
 def _one_line_error(message: str) -> None:
     # argparse's own errors print the usage first; here a bad flag is one line naming it.
     print(f"planner: error: {message}", file=sys.stderr)
@@ -221,11 +234,7 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     )
     replay.add_argument("--truth-profile", help="the world's profile (default: the planner's)")
     replay.add_argument("--rate-scale", type=positive, help="K requests per trace request, arrivals +-0.5 s")
-    replay.add_argument(
-        "--modes",
-        help="the planner's scaling modes for this run: load,throughput | load | throughput "
-        "(default: what the file enables)",
-    )
+    replay.add_argument("--modes", type=_modes, help=MODES_HELP)
     replay.add_argument("--seed", type=_number(minimum=0, inclusive=True, integer=True), help="default: 0")
     replay.set_defaults(func=cmd_replay)
 
@@ -245,6 +254,7 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
             port=args.port,
             exit_at_end=args.exit_at_end,
             duration_s=args.duration_s,
+            modes=args.modes,
             log_level=settings.log_level,
         )
     )
@@ -288,6 +298,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         default=DEFAULT_PORT,
         help="the planner service's port on 127.0.0.1 (default: %(default)s)",
     )
+    demo.add_argument("--modes", type=_modes, help=MODES_HELP)
     demo.add_argument("--exit-at-end", action="store_true", help="stop when the trace has been served")
     demo.add_argument(
         "--duration-s", type=positive, default=None, help="stop after this many simulated seconds"

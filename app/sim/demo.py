@@ -72,6 +72,7 @@ class DemoOptions:
     port: int = DEFAULT_PORT
     exit_at_end: bool = False
     duration_s: float | None = None  # stop after this many simulated seconds
+    modes: tuple[str, ...] | None = None  # the planner's scaling modes; None: the file's
     log_level: str = "INFO"  # the service's PLANNER_LOG_LEVEL
 
 
@@ -95,7 +96,9 @@ def prepare(options: DemoOptions) -> DemoPlan:
     """Read the replay config, the trace and the profile; ConfigError names what is wrong."""
     if not (math.isfinite(options.speed) and options.speed > 0):
         raise ConfigError(f"--speed: must be a number > 0, got {options.speed!r}")
-    replay = with_overrides(load_replay_config(options.config), rate_scale=options.rate_scale)
+    replay = with_overrides(
+        load_replay_config(options.config), rate_scale=options.rate_scale, modes=options.modes
+    )
     deployment = replay.deployment
     profile_dir = replay.resolve(deployment.profile or "")
     _, truth = load_models(replay)

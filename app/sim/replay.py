@@ -217,7 +217,7 @@ def run_command(args: Any) -> int:
         truth_profile=args.truth_profile,
         seed=args.seed,
         rate_scale=args.rate_scale,
-        modes=tuple(m.strip() for m in args.modes.split(",")) if args.modes else None,
+        modes=args.modes,
     )
     trace = Path(args.trace)
     requests = load_requests(config, trace)

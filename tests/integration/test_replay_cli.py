@@ -77,7 +77,7 @@ def test_flags_reach_the_run(tmp_path: Path) -> None:
     out = tmp_path / "out"
     run = replay(
         "--trace", str(trace), "--policy", "static", "--truth-scale", "1.2", "--itl-ms", "40",
-        "--prefill-gpus", "2", "--seed", "3", "--out", str(out),
+        "--prefill-gpus", "2", "--seed", "3", "--modes", "throughput", "--out", str(out),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -85,6 +85,7 @@ def test_flags_reach_the_run(tmp_path: Path) -> None:
     assert summary["targets"]["itl_ms"] == 40.0
     assert summary["gpus_per_engine"] == {"prefill": 2, "decode": 1}
     assert summary["settings"]["seed"] == 3
+    assert summary["settings"]["modes"] == ["throughput"]
 
 
 @pytest.mark.parametrize(
@@ -96,6 +97,7 @@ def test_flags_reach_the_run(tmp_path: Path) -> None:
         ("header", ["--trace", "{trace}"], "no requests"),
         ("good", ["--trace", "{trace}", "--truth-scale", "0"], "--truth-scale: must be a number > 0"),
         ("good", ["--trace", "{trace}", "--policy", "magic"], "--policy: invalid choice: 'magic'"),
+        ("good", ["--trace", "{trace}", "--modes", "load,fast"], "--modes: expected load,throughput"),
         ("good", ["--trace", "{trace}", "--config", "nope.yaml"], "nope.yaml: replay file not found"),
         ("good", ["--trace", "{trace}", "--profile", "/nonexistent"], "profile: "),
         (
