@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import Select, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.core.errors import NotFoundError
@@ -82,3 +83,30 @@ def release_lease(session: Session, *, deployment: str, holder: str) -> None:
 def lease_holder(session: Session, deployment: str) -> str | None:
     state = session.get(DeploymentState, deployment)
     return state.lease_holder if state else None
+
+
+def _in_range(
+    query: Select[Any], deployment: str, since: datetime | None, until: datetime | None
+) -> Select[Any]:
+    query = query.where(Tick.deployment == deployment)
+    if since is not None:
+        query = query.where(Tick.at >= since)
+    if until is not None:
+        query = query.where(Tick.at < until)
+    return query
+
+
+def latest_ticks(
+    session: Session, deployment: str, since: datetime | None, until: datetime | None, limit: int
+) -> tuple[int, Iterator[tuple[datetime, dict[str, Any]]]]:
+    """How many ticks the range holds, and the latest `limit` of them oldest first, streamed
+    (the records are reduced one by one; 50 000 of them at once would not fit comfortably)."""
+    total = session.scalar(_in_range(select(func.count()).select_from(Tick), deployment, since, until)) or 0
+    latest = _in_range(select(Tick.id), deployment, since, until).order_by(Tick.at.desc(), Tick.id.desc())
+    query = (
+        select(Tick.at, Tick.record)
+        .where(Tick.id.in_(latest.limit(limit).scalar_subquery()))
+        .order_by(Tick.at, Tick.id)
+        .execution_options(yield_per=1000)
+    )
+    return total, ((at, record) for at, record in session.execute(query))

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse
-from sqlalchemy import Select, func, select
-from sqlalchemy.orm import Session
 
 from app.api.auth import Viewer
 from app.api.convert import tick_out
@@ -19,7 +16,6 @@ from app.config import DeploymentConfig, DeploymentsFile
 from app.core.errors import InvalidInputError
 from app.diagnostics_report import render_diagnostics_report
 from app.store import ticks as store
-from app.store.models import Tick
 
 # The reference's DiagnosticsRecorder keeps at most 50 000 snapshots; so does one report (2.9 days
 # at 5 s ticks), which bounds its size and the time to build it.
@@ -96,33 +92,6 @@ def _report_deployment(deployments: DeploymentsFile, name: str | None) -> Deploy
     )
 
 
-def _in_range(
-    query: Select[Any], deployment: str, since: datetime | None, until: datetime | None
-) -> Select[Any]:
-    query = query.where(Tick.deployment == deployment)
-    if since is not None:
-        query = query.where(Tick.at >= since)
-    if until is not None:
-        query = query.where(Tick.at < until)
-    return query
-
-
-def _latest_ticks(
-    session: Session, deployment: str, since: datetime | None, until: datetime | None, limit: int
-) -> tuple[int, Iterator[tuple[datetime, dict[str, Any]]]]:
-    """How many ticks the range holds, and the latest `limit` of them oldest first, streamed
-    (the records are reduced one by one; 50 000 of them at once would not fit comfortably)."""
-    total = session.scalar(_in_range(select(func.count()).select_from(Tick), deployment, since, until)) or 0
-    latest = _in_range(select(Tick.id), deployment, since, until).order_by(Tick.at.desc(), Tick.id.desc())
-    query = (
-        select(Tick.at, Tick.record)
-        .where(Tick.id.in_(latest.limit(limit).scalar_subquery()))
-        .order_by(Tick.at, Tick.id)
-        .execution_options(yield_per=1000)
-    )
-    return total, ((at, record) for at, record in session.execute(query))
-
-
 @router.get(
     "/diagnostics/report",
     name="diagnostics_report",
@@ -148,7 +117,7 @@ def diagnostics_report(
     At most the latest 50 000 ticks of the range (the page says when it shows fewer)."""
     config = _report_deployment(deployments, deployment)
     since, until = _range(since, until)
-    total, ticks = _latest_ticks(session, config.name, since, until, MAX_REPORT_TICKS)
+    total, ticks = store.latest_ticks(session, config.name, since, until, MAX_REPORT_TICKS)
     page = render_diagnostics_report(
         config.name,
         ticks,
