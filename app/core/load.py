@@ -572,6 +572,21 @@ def _pending_state(inp: LoadInput, roles: tuple[Role, ...], expiry_s: float) -> 
     return state, diag
 
 
+def _engine_rows(role: Role, records: Mapping[EngineKey, ForwardPassMetrics]) -> list[dict[str, Any]]:
+    """What every engine reports about its queues, estimates aside: shown even on ticks that
+    decide nothing (waiting for a scale-up is when the queues matter most)."""
+    rows = []
+    for key, fpm in sorted(records.items()):
+        row: dict[str, Any] = {"engine": _engine_id(key), "heartbeat": fpm.is_heartbeat}
+        if role != "decode":
+            row["queued_prefill_tokens"] = fpm.queued.sum_prefill_tokens
+        if role != "prefill":
+            row["scheduled_decode_kv_tokens"] = fpm.scheduled.sum_decode_kv_tokens
+            row["queued_decode_kv_tokens"] = fpm.queued.sum_decode_kv_tokens
+        rows.append(row)
+    return rows
+
+
 def _finish(
     replicas: Replicas | None,
     reasons: dict[Role, LoadReason],
@@ -581,6 +596,8 @@ def _finish(
     diagnostics: dict[str, Any],
 ) -> LoadResult:
     detail = details if isinstance(details, str) else "; ".join(f"{r}: {d}" for r, d in details.items())
+    for role, section in diagnostics.get("roles", {}).items():
+        section.setdefault("reason", str(reasons[role]) if role in reasons else None)
     diagnostics["reason"] = str(reason)
     diagnostics["detail"] = detail
     return LoadResult(replicas, reason, reasons, detail, pending, diagnostics)
@@ -621,6 +638,8 @@ def load_step(models: LoadModels, inp: LoadInput, settings: LoadSettings) -> Loa
         return _finish(
             None, reasons, LoadReason.DISABLED, "load scaling disabled", PendingState.NONE, diagnostics
         )
+    # Replaced by the full per-role record (estimates, checks) when the step gets that far.
+    diagnostics["roles"] = {role: {"engines": _engine_rows(role, inp.fpm.get(role) or {})} for role in roles}
     pending, pending_diag = _pending_state(inp, roles, settings.pending_expiry_s)
     diagnostics["pending"] = pending_diag
     if pending is PendingState.WAITING:

@@ -788,3 +788,26 @@ def test_reason_names_are_the_references() -> None:
         "scale_down_capped_by_throughput",
         "scale_down_refused_consolidation",
     ]
+
+
+def test_a_tick_that_waits_still_records_every_engines_queues() -> None:
+    """While the last target is not ready nothing is decided, but the queues are what the
+    diagnostics and the per-engine gauges must show then."""
+    pending = PendingTarget({"prefill": 3, "decode": 2}, NOW - timedelta(seconds=30))
+    result = run(
+        "disagg",
+        {"prefill": SLOW_PREFILL, "decode": DECODE},
+        {"prefill": prefill_tick(2, 7000), "decode": decode_tick(2, 1500)},
+        pending=pending,
+    )
+    assert result.reason == LoadReason.SCALING_IN_PROGRESS
+    roles = result.diagnostics["roles"]
+    assert roles["prefill"]["reason"] == "scaling_in_progress"
+    assert [(r["engine"], r["queued_prefill_tokens"]) for r in roles["prefill"]["engines"]] == [
+        ("w0:dp0", 7000),
+        ("w1:dp0", 7000),
+    ]
+    assert [(r["engine"], r["scheduled_decode_kv_tokens"]) for r in roles["decode"]["engines"]] == [
+        ("w0:dp0", 1500),
+        ("w1:dp0", 1500),
+    ]
