@@ -344,6 +344,29 @@ def _prefill_signal(
     return signal
 
 
+def _itl_after_consolidation(
+    model: DecodeRegression | AggRegression,
+    key: EngineKey,
+    post_kv: int,
+    row: dict[str, Any],
+    settings: LoadSettings,
+) -> str | None:
+    """Why this engine could not take over its share of a removed engine's decode work (None:
+    it could): its KV cache would overflow, or its ITL would reach target × sensitivity."""
+    max_kv, target, sens = settings.max_kv_tokens, settings.itl_target_ms, settings.sensitivity
+    row["post_kv_tokens"] = post_kv
+    if max_kv and max_kv > 0 and post_kv >= max_kv:
+        # Past the cache the engine queues or evicts: a regime the linear model knows nothing of.
+        return (
+            f"{_engine_id(key)}: {post_kv} KV tokens after consolidation would not fit the cache of {max_kv}"
+        )
+    post_ms = _ms(model.estimate_next_itl(post_kv, 0)) or 0.0
+    row["post_itl_ms"] = post_ms
+    if post_ms >= target * sens:
+        return f"{_engine_id(key)}: ITL after consolidation {post_ms:.1f} ms >= {sens:g} x {target:g} ms"
+    return None
+
+
 def _decode_signal(
     model: DecodeRegression,
     engines: Mapping[EngineKey, ForwardPassMetrics],
@@ -353,7 +376,7 @@ def _decode_signal(
     not_ready = _not_ready(model, "decode")
     if not_ready is not None:
         return not_ready
-    target, sens, max_kv = settings.itl_target_ms, settings.sensitivity, settings.max_kv_tokens
+    target, max_kv = settings.itl_target_ms, settings.max_kv_tokens
     c = n / (n - 1) if n > 1 else 1.0
     check = _can_try_down(n, settings, "decode")
     refusal: str | None = None
@@ -373,22 +396,8 @@ def _decode_signal(
             "estimated_itl_ms": est_ms,
         }
         if check:
-            post_kv = int((sched_kv + queued_kv) * c)
-            row["post_kv_tokens"] = post_kv
-            if max_kv and max_kv > 0 and post_kv >= max_kv:
-                # Past the cache the engine queues or evicts: a regime the linear model knows nothing of.
-                refusal = refusal or (
-                    f"{_engine_id(key)}: {post_kv} KV tokens after consolidation would not fit the "
-                    f"cache of {max_kv}"
-                )
-            else:
-                post_ms = _ms(model.estimate_next_itl(post_kv, 0)) or 0.0
-                row["post_itl_ms"] = post_ms
-                if post_ms >= target * sens and refusal is None:
-                    refusal = (
-                        f"{_engine_id(key)}: ITL after consolidation {post_ms:.1f} ms >= "
-                        f"{sens:g} x {target:g} ms"
-                    )
+            problem = _itl_after_consolidation(model, key, int((sched_kv + queued_kv) * c), row, settings)
+            refusal = refusal or problem
         rows.append(row)
     signal = _decide(
         estimates,
@@ -476,20 +485,8 @@ def _agg_signal(
         if check:
             # Queued prompts become KV once prefilled: they count against the survivor's cache.
             post_kv = int((sched_kv + queued_kv + queued_prefill) * c)
-            row["post_kv_tokens"] = post_kv
-            if max_kv and max_kv > 0 and post_kv >= max_kv:
-                refusal = refusal or (
-                    f"{_engine_id(key)}: {post_kv} KV tokens after consolidation would not fit the "
-                    f"cache of {max_kv}"
-                )
-            else:
-                post_ms = _ms(model.estimate_next_itl(post_kv, 0)) or 0.0
-                row["post_itl_ms"] = post_ms
-                if post_ms >= itl_target * sens and refusal is None:
-                    refusal = (
-                        f"{_engine_id(key)}: ITL after consolidation {post_ms:.1f} ms >= "
-                        f"{sens:g} x {itl_target:g} ms"
-                    )
+            problem = _itl_after_consolidation(model, key, post_kv, row, settings)
+            refusal = refusal or problem
     decode = _decide(
         estimates,
         itl_target,
