@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics
+from app.core.fpm import ForwardPassMetrics
 from app.core.load import (
     LoadInput,
     LoadModels,
@@ -34,36 +34,11 @@ from app.core.load import (
 )
 from app.core.types import Mode, Role, RoleBounds
 from app.sources.profile_files import load_profile
+from tests.support_fpm import fpm
 
 H200 = Path(__file__).resolve().parents[2] / "data" / "profiles" / "h200-llama3.1-8b-fp8"
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 MBT = 2048
-
-
-def fpm(
-    worker: str = "w0",
-    *,
-    wall_s: float = 0.01,
-    dp_rank: int = 0,
-    prefill_tokens: int = 0,
-    prefill_requests: int = 0,
-    decode_kv: int = 0,
-    decode_requests: int = 0,
-    queued_prefill: int = 0,
-    queued_decode_kv: int = 0,
-) -> ForwardPassMetrics:
-    return ForwardPassMetrics(
-        worker_id=worker,
-        dp_rank=dp_rank,
-        wall_time_s=wall_s,
-        scheduled=ScheduledRequestMetrics(
-            num_prefill_requests=prefill_requests,
-            sum_prefill_tokens=prefill_tokens,
-            num_decode_requests=decode_requests,
-            sum_decode_kv_tokens=decode_kv,
-        ),
-        queued=QueuedRequestMetrics(sum_prefill_tokens=queued_prefill, sum_decode_kv_tokens=queued_decode_kv),
-    )
 
 
 # --- the reference's training sets (§10.2 C) ----------------------------------------------------

@@ -14,38 +14,19 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.core.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics
+from app.core.fpm import ForwardPassMetrics
 from app.core.load import LoadInput, LoadModels, LoadReason, LoadSettings, load_step
 from app.core.types import Mode, Role
 from app.metrics import LOAD_STATES, THROUGHPUT_STATES, PlannerMetrics
+from tests.support_fpm import fpm as make_fpm
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 Engines = dict[tuple[str, int], ForwardPassMetrics]
 
 
-def fpm(
-    worker: str,
-    *,
-    dp_rank: int = 0,
-    wall_s: float = 0.01,
-    prefill_tokens: int = 0,
-    decode_kv: int = 0,
-    decode_requests: int = 0,
-    queued_prefill: int = 0,
-    queued_decode_kv: int = 0,
-) -> ForwardPassMetrics:
-    return ForwardPassMetrics(
-        worker_id=worker,
-        dp_rank=dp_rank,
-        wall_time_s=wall_s,
-        scheduled=ScheduledRequestMetrics(
-            num_prefill_requests=1 if prefill_tokens else 0,
-            sum_prefill_tokens=prefill_tokens,
-            num_decode_requests=decode_requests,
-            sum_decode_kv_tokens=decode_kv,
-        ),
-        queued=QueuedRequestMetrics(sum_prefill_tokens=queued_prefill, sum_decode_kv_tokens=queued_decode_kv),
-    )
+def fpm(worker: str, **fields: Any) -> ForwardPassMetrics:
+    """A record with one prefill request whenever it computed prompt tokens."""
+    return make_fpm(worker, prefill_requests=1 if fields.get("prefill_tokens") else 0, **fields)
 
 
 # 10 us per prompt token + 1 ms; 10 us per KV token + 1 ms (the reference's consolidation lines).

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core.fpm import ForwardPassMetrics, ScheduledRequestMetrics
+from app.core.fpm import ForwardPassMetrics
 from app.core.regression import (
     AggRegression,
     DecodeRegression,
@@ -18,30 +18,13 @@ from app.core.regression import (
     clamp_kv_hit_rate,
 )
 from app.sources.profile_files import load_profile
+from tests.support_fpm import fpm as make_fpm
 
 H200 = Path(__file__).resolve().parents[2] / "data" / "profiles" / "h200-llama3.1-8b-fp8"
 
 
-def fpm(
-    wall_s: float,
-    *,
-    prefill_tokens: int = 0,
-    prefill_requests: int = 0,
-    decode_kv: int = 0,
-    decode_requests: int = 0,
-    worker: str = "w0",
-) -> ForwardPassMetrics:
-    return ForwardPassMetrics(
-        worker_id=worker,
-        dp_rank=0,
-        wall_time_s=wall_s,
-        scheduled=ScheduledRequestMetrics(
-            num_prefill_requests=prefill_requests,
-            sum_prefill_tokens=prefill_tokens,
-            num_decode_requests=decode_requests,
-            sum_decode_kv_tokens=decode_kv,
-        ),
-    )
+def fpm(wall_s: float, *, worker: str = "w0", **fields: int) -> ForwardPassMetrics:
+    return make_fpm(worker, wall_s=wall_s, **fields)
 
 
 def prefill_fpm(tokens: int, wall_s: float, requests: int = 1) -> ForwardPassMetrics:
