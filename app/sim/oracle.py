@@ -62,11 +62,10 @@ from operator import attrgetter
 import numpy as np
 
 from app.core.traces import TraceRequest
+from app.sim.cluster import ROLES
 from app.sim.engines import PrefillEngine, SimRequest
 from app.sim.results import OracleStep
 from app.sim.truth import TruthModel
-
-ROLES = ("prefill", "decode")
 
 # A simulated TTFT is a sum of iteration times minus the arrival: allow for float rounding when
 # comparing it with a target it may equal exactly (a request alone on an idle engine).
