@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from app.core.interpolation import PerfModel
@@ -66,16 +66,8 @@ class PlannerPolicy:
         # Before the first tick, the counters of a frontend that has served nothing yet.
         before = self._last_counters or FrontendCounters().snapshot(self.planner.start_s)
         self._last_counters = counters
-        obs = FrontendCounters.window(before, counters)
-        window = TrafficWindow(
-            duration_s=obs.duration_s,
-            num_req=obs.num_req,
-            isl=obs.isl,
-            osl=obs.osl,
-            ttft_ms=obs.ttft_ms,
-            itl_ms=obs.itl_ms,
-            request_duration_s=obs.request_duration_s,
-        )
+        # The frontend's window has exactly the fields of the embedding's traffic window.
+        window = TrafficWindow(**asdict(FrontendCounters.window(before, counters)))
         out = self.planner.on_tick(
             TickInput(
                 now_s=now_s,
