@@ -220,8 +220,8 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     replay.add_argument(
         "--policy",
         default="planner",
-        choices=("planner", "static", "reactive", "oracle"),
-        help="default: planner",
+        choices=("planner", "seed", "static", "reactive", "oracle"),
+        help="planner: SLA scaling; seed: the reference's throughput and load modes (default: planner)",
     )
     replay.add_argument("--profile", help="the planner's profile directory (overrides the file)")
     replay.add_argument("--prefill-gpus", type=gpus, help="GPUs per prefill engine")

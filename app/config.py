@@ -111,6 +111,27 @@ class LoadConfig(_Strict):
     engine_timeout_s: float = Field(default=30.0, gt=0)
 
 
+class ScalingConfig(_Strict):
+    """Which algorithm decides. `sla` is the planner's own (app/core/sla_scaling.py); `seed` is the
+    reference's throughput and load modes, as the `throughput` and `load` sections set them."""
+
+    algorithm: Literal["sla", "seed"] = "seed"
+    interval_s: float = Field(default=5.0, gt=0)
+    quantile: float = Field(default=0.99, gt=0, lt=1)
+    prefill_max_utilisation: float = Field(default=0.9, gt=0, le=1)
+    decode_itl_margin: float = Field(default=0.95, gt=0, le=1)
+    burst_window_s: float = Field(default=10.0, gt=0)
+    level_window_s: float = Field(default=20.0, gt=0)
+    trend_window_s: float = Field(default=20.0, gt=0)
+    lookback_s: float = Field(default=300.0, gt=0)
+    scale_down_window_s: float = Field(default=300.0, ge=0)
+    # How long ordered engines take to serve, until the planner has measured it.
+    startup_estimate_s: float = Field(default=120.0, ge=0)
+    trend: bool = True
+    history_s: float = Field(default=1800.0, gt=0)
+    growth_quantile: float = Field(default=0.9, gt=0, lt=1)
+
+
 class PrometheusSource(_Strict):
     url: str
     labels: dict[str, str] = Field(default_factory=dict)
@@ -137,6 +158,7 @@ class DeploymentConfig(_Strict):
     gpu_budget: int | None = Field(default=None, ge=1)
     throughput: ThroughputConfig = Field(default_factory=ThroughputConfig)
     load: LoadConfig = Field(default_factory=LoadConfig)
+    scaling: ScalingConfig = Field(default_factory=ScalingConfig)
     sources: SourcesConfig = Field(default_factory=SourcesConfig)
 
     @model_validator(mode="after")
@@ -188,7 +210,10 @@ class DeploymentConfig(_Strict):
 
     @property
     def tick_interval_s(self) -> float:
-        """The worker ticks at the fastest enabled cadence (the throughput interval if none is)."""
+        """The worker ticks at the fastest enabled cadence (the throughput interval if none is);
+        SLA scaling at its own interval."""
+        if self.scaling.algorithm == "sla":
+            return self.scaling.interval_s
         intervals = [c.interval_s for c in (self.throughput, self.load) if c.enabled]
         return min(intervals) if intervals else self.throughput.interval_s
 

@@ -27,6 +27,7 @@ from app.core.interpolation import PerfModel
 from app.core.load import LoadInput, LoadModels, LoadTick, PendingTarget
 from app.core.predictors import TrafficPredictor
 from app.core.protocol import Verdict, judge
+from app.core.sla_scaling import SlaInput, SlaState, SlaTick, TrafficSample
 from app.core.throughput import ThroughputInput
 from app.core.tick import on_tick
 from app.core.types import (
@@ -38,7 +39,7 @@ from app.core.types import (
     TickSnapshot,
     TrafficObservation,
 )
-from app.workers.resources import build_model_resources, make_load_settings
+from app.workers.resources import build_model_resources, make_load_settings, make_sla_settings
 
 # Embedder seconds are mapped onto datetimes from this origin for the core, which speaks datetimes.
 _ORIGIN = datetime(2000, 1, 1, tzinfo=UTC)
@@ -57,6 +58,8 @@ class TrafficWindow:
     ttft_ms: float | None = None  # mean
     itl_ms: float | None = None  # mean, token-weighted
     request_duration_s: float | None = None  # mean
+    # (upper bound in tokens, requests) per ISL histogram bucket, not cumulative; () unknown.
+    isl_buckets: tuple[tuple[float, float], ...] = ()
 
     def as_observation(self) -> TrafficObservation:
         return TrafficObservation(
@@ -67,6 +70,7 @@ class TrafficWindow:
             ttft_ms=self.ttft_ms,
             itl_ms=self.itl_ms,
             request_duration_s=self.request_duration_s,
+            isl_buckets=self.isl_buckets,
         )
 
 
@@ -123,6 +127,10 @@ class EmbeddedPlanner:
         self._floor: Replicas | None = None
         self._traffic: TrafficWindow | None = None  # windows merged since the last throughput tick
         self._trained: dict[tuple[str, str, int], ForwardPassMetrics] = {}
+        self.sla_settings = (
+            make_sla_settings(deployment, model) if deployment.scaling.algorithm == "sla" else None
+        )
+        self.sla_state = SlaState()
 
     @classmethod
     def from_config(
@@ -144,6 +152,8 @@ class EmbeddedPlanner:
         return self.deployment.tick_interval_s
 
     def _next_tick_s(self, now_s: float) -> float:
+        if self.sla_settings is not None:
+            return now_s + self.deployment.scaling.interval_s
         # With both modes off the planner still ticks (for the record) every interval.
         next_s = self.cadence.next_tick_s
         return next_s if next_s != float("inf") else now_s + self.interval_s
@@ -151,18 +161,36 @@ class EmbeddedPlanner:
     def initial_tick_s(self) -> float:
         return self._next_tick_s(self.start_s)
 
+    def _sla(self, inp: TickInput) -> SlaTick:
+        traffic = None
+        if inp.traffic is not None and inp.traffic.num_req is not None:
+            w = inp.traffic
+            traffic = TrafficSample(inp.now_s, w.duration_s, w.num_req, w.isl, w.osl, w.isl_buckets)
+        sla_input = SlaInput(
+            now_s=inp.now_s,
+            traffic=traffic,
+            fpm={role: inp.fpm.get(role, {}) for role in self.deployment.roles},  # type: ignore[misc]
+            ready={role: inp.ready.get(role, 0) for role in self.deployment.roles},
+            expected={role: inp.expected.get(role, inp.ready.get(role, 0)) for role in self.deployment.roles},
+        )
+        assert self.sla_settings is not None
+        return SlaTick(self.model, self.sla_state, sla_input, self.sla_settings)
+
     def on_tick(self, inp: TickInput) -> TickOutput:
         now = _ORIGIN + timedelta(seconds=inp.now_s)
         self._settle(inp.ready, now)
-        due = self.cadence.due(inp.now_s)
-        self.cadence = self.cadence.after(inp.now_s, due)
-        if inp.traffic is not None:
-            self._traffic = _merge(self._traffic, inp.traffic)
-        throughput = None
-        if due.throughput:
-            throughput = self._throughput(inp)
-            self._traffic = None
-        load = self._load(inp, now) if due.load else None
+        throughput = load = sla = None
+        if self.sla_settings is not None:
+            sla = self._sla(inp)
+        else:
+            due = self.cadence.due(inp.now_s)
+            self.cadence = self.cadence.after(inp.now_s, due)
+            if inp.traffic is not None:
+                self._traffic = _merge(self._traffic, inp.traffic)
+            if due.throughput:
+                throughput = self._throughput(inp)
+                self._traffic = None
+            load = self._load(inp, now) if due.load else None
         snapshot = TickSnapshot(
             deployment=self.deployment.name,
             roles=self.deployment.roles,
@@ -177,6 +205,7 @@ class EmbeddedPlanner:
             budget_gpus=self.deployment.gpu_budget,
             load=load,
             load_enabled=self.deployment.load.enabled,
+            sla=sla,
         )
         result = on_tick(snapshot, now)
         if result.throughput_floor is not None:
@@ -291,7 +320,15 @@ def _merge(before: TrafficWindow | None, window: TrafficWindow) -> TrafficWindow
         ttft_ms=mean(before.ttft_ms, window.ttft_ms),
         itl_ms=mean(before.itl_ms, window.itl_ms),
         request_duration_s=mean(before.request_duration_s, window.request_duration_s),
+        isl_buckets=_add_buckets(before.isl_buckets, window.isl_buckets),
     )
+
+
+def _add_buckets(a: tuple[tuple[float, float], ...], b: tuple[tuple[float, float], ...]):
+    counts: dict[float, float] = {}
+    for bound, n in (*a, *b):
+        counts[bound] = counts.get(bound, 0.0) + n
+    return tuple(sorted(counts.items()))
 
 
 def _fpm_summary(fpm: Mapping[str, FpmByEngine]) -> dict[str, Any]:

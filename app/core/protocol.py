@@ -2,7 +2,8 @@
 
 - While the latest decision is unacknowledged, no new automatic decision is issued, until
   `ack_timeout_s` has passed; then the old one is expired and the new one proceeds.
-- An operator override supersedes an unacknowledged decision at once.
+- An operator override supersedes an unacknowledged decision at once; so does SLA scaling, which
+  accounts for the engines still starting itself.
 - A target equal to the one in force (pending or succeeded) creates nothing.
 """
 
@@ -58,6 +59,14 @@ def judge(
         return ProtocolOutcome(
             Verdict.CREATE,
             f"advisory: decision {latest.id} is not awaited; superseded",
+            DecisionStatus.SUPERSEDED,
+        )
+    if source == DecisionSource.SLA:
+        # SLA scaling counts the engines still starting itself and stabilises its own scale-downs;
+        # waiting for them would hold a burst's scale-up back by a whole start-up delay.
+        return ProtocolOutcome(
+            Verdict.CREATE,
+            f"sla scaling supersedes unacknowledged decision {latest.id}",
             DecisionStatus.SUPERSEDED,
         )
     if source == DecisionSource.OVERRIDE:

@@ -11,6 +11,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from app.core.load import load_step
+from app.core.sla_scaling import sla_step
 from app.core.overrides import apply_bounds, apply_pause, apply_pin, effective_bounds
 from app.core.throughput import ThroughputReason, apply_gpu_budget, throughput_step
 from app.core.types import DecisionSource, Replicas, Stage, TickResult, TickSnapshot
@@ -20,13 +21,14 @@ NO_POLICY_REASON = "no automatic scaling enabled; targets come only from operato
 
 def _proposal(
     snapshot: TickSnapshot,
-) -> tuple[Stage, DecisionSource | None, dict | None, dict | None, Replicas | None]:
-    """The algorithms' proposal, its source, the throughput and load diagnostics, and the
-    throughput floor this tick set (reference §4.3 and §4.8).
+) -> tuple[Stage, DecisionSource | None, dict | None, dict | None, dict | None, Replicas | None]:
+    """The algorithms' proposal, its source, the throughput, load and SLA diagnostics, and the
+    throughput floor this tick set (reference §4.3 and §4.8). SLA scaling, when it is the
+    algorithm, is the only one that runs.
 
     Throughput alone decides. With load scaling on, throughput only sets the floor (reason
     `set_lower_bound`) and the load step decides, on load ticks, at or above that floor."""
-    throughput_diagnostics = load_diagnostics = floor = None
+    throughput_diagnostics = load_diagnostics = sla_diagnostics = floor = None
     proposal, source = None, snapshot.proposal_source
     if snapshot.throughput is not None and snapshot.throughput_settings is not None:
         step = throughput_step(snapshot.throughput, snapshot.throughput_settings, snapshot.roles)
@@ -49,18 +51,28 @@ def _proposal(
             Stage("proposal", result.replicas, f"load {result.reason}: {result.detail}"),
             DecisionSource.LOAD,
         )
+    if snapshot.sla is not None:
+        sla = snapshot.sla
+        outcome = sla_step(sla.model, sla.state, sla.input, sla.settings)
+        sla_diagnostics = {"reason": str(outcome.reason), "detail": outcome.detail, **outcome.diagnostics}
+        proposal, source = (
+            Stage("proposal", outcome.replicas, f"sla {outcome.reason}: {outcome.detail}"),
+            DecisionSource.SLA,
+        )
     if proposal is None:
         if snapshot.proposal is not None:
             proposal = Stage("proposal", dict(snapshot.proposal), f"proposed by {snapshot.proposal_source}")
         else:
             proposal = Stage("proposal", None, NO_POLICY_REASON)
-    return proposal, source, throughput_diagnostics, load_diagnostics, floor
+    return proposal, source, throughput_diagnostics, load_diagnostics, sla_diagnostics, floor
 
 
 def on_tick(snapshot: TickSnapshot, now: datetime) -> TickResult:
     overrides = snapshot.overrides
     bounds = effective_bounds(snapshot.config_bounds, overrides)
-    proposal, proposal_source, throughput_diagnostics, load_diagnostics, floor = _proposal(snapshot)
+    proposal, proposal_source, throughput_diagnostics, load_diagnostics, sla_diagnostics, floor = _proposal(
+        snapshot
+    )
     paused = apply_pause(proposal.replicas, proposal_source, overrides)
     pinned = apply_pin(paused.replicas, overrides)
     bounded = apply_bounds(pinned.replicas, bounds)
@@ -89,6 +101,7 @@ def on_tick(snapshot: TickSnapshot, now: datetime) -> TickResult:
         "target": budgeted.replicas,
         "throughput": throughput_diagnostics,
         "load": load_diagnostics,
+        "sla": sla_diagnostics,
     }
     return TickResult(
         throughput_floor=floor,

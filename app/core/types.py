@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from app.core.load import LoadTick
+    from app.core.sla_scaling import SlaTick
     from app.core.throughput import ThroughputInput, ThroughputSettings
 
 Mode = Literal["disagg", "agg", "prefill", "decode"]
@@ -38,6 +39,7 @@ Replicas = dict[Role, int]
 class DecisionSource(StrEnum):
     THROUGHPUT = "throughput"
     LOAD = "load"
+    SLA = "sla"
     OVERRIDE = "override"
 
 
@@ -107,6 +109,8 @@ class TickSnapshot:
     load: LoadTick | None = None
     # With load scaling on, throughput only sets the floor of the load decisions.
     load_enabled: bool = False
+    # SLA scaling's tick (None: the seed's modes decide).
+    sla: SlaTick | None = None
     # A proposal made elsewhere (tests, later algorithms); None = no opinion.
     proposal: Replicas | None = None
     proposal_source: DecisionSource | None = None
@@ -154,6 +158,9 @@ class TrafficObservation:
     ttft_ms: float | None = None
     itl_ms: float | None = None
     request_duration_s: float | None = None
+    # The ISL histogram over the interval: (upper bound in tokens, requests) per bucket, not
+    # cumulative, the last bound inf; empty when the source has none.
+    isl_buckets: tuple[tuple[float, float], ...] = ()
 
     @property
     def complete(self) -> bool:

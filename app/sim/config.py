@@ -23,7 +23,7 @@ from app.config import (
 )
 
 DEFAULT_REPLAY_CONFIG = REPO_ROOT / "examples" / "replay.yaml"
-POLICIES = ("planner", "static", "reactive", "oracle")
+POLICIES = ("planner", "seed", "static", "reactive", "oracle")
 
 
 class _Strict(BaseModel):

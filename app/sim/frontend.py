@@ -50,6 +50,7 @@ class CounterSnapshot:
     completed: int
     sums: dict[str, float]
     counts: dict[str, int]
+    isl_buckets: tuple[int, ...] = ()  # per bucket, not cumulative
 
 
 class FrontendCounters:
@@ -90,6 +91,7 @@ class FrontendCounters:
             completed=self.completed,
             sums={k: h.total for k, h in self.histograms.items()},
             counts={k: h.count for k, h in self.histograms.items()},
+            isl_buckets=tuple(self.histograms["isl"].counts),
         )
 
     @staticmethod
@@ -102,6 +104,17 @@ class FrontendCounters:
             means[key] = (after.sums[key] - before.sums[key]) / n * factor if n else None
         n = after.counts["request_duration_s"] - before.counts["request_duration_s"]
         duration = (after.sums["request_duration_s"] - before.sums["request_duration_s"]) / n if n else None
+        bounds = (*_TOKEN_BUCKETS, float("inf"))
+        isl_buckets = (
+            tuple(
+                (float(b), float(n1 - n0))
+                for b, n0, n1 in zip(
+                    bounds, before.isl_buckets or [0] * len(bounds), after.isl_buckets, strict=True
+                )
+            )
+            if after.isl_buckets
+            else ()
+        )
         return TrafficObservation(
             duration_s=after.at_s - before.at_s,
             num_req=float(after.started - before.started),
@@ -110,6 +123,7 @@ class FrontendCounters:
             ttft_ms=means["ttft_ms"],
             itl_ms=means["itl_ms"],
             request_duration_s=duration,
+            isl_buckets=isl_buckets,
         )
 
     def render_prometheus(self) -> str:

@@ -48,7 +48,10 @@ class Policy(Protocol):
 class PlannerPolicy:
     name = "planner"
 
-    def __init__(self, planner: EmbeddedPlanner, initial: dict[str, int], *, with_fpm: bool) -> None:
+    def __init__(
+        self, planner: EmbeddedPlanner, initial: dict[str, int], *, with_fpm: bool, name: str = "planner"
+    ) -> None:
+        self.name = name
         self.planner = planner
         self._initial = initial
         self._with_fpm = with_fpm

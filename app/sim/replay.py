@@ -22,7 +22,7 @@ from app.core.interpolation import PerfModel
 from app.core.traces import TraceRequest
 from app.embedding import EmbeddedPlanner
 from app.sim.cluster import ROLES, Cluster
-from app.sim.config import ReplayConfig
+from app.sim.config import POLICIES, ReplayConfig
 from app.sim.oracle import OraclePlan, oracle_plan
 from app.sim.policies import OraclePolicy, PlannerPolicy, Policy, ReactivePolicy, StaticPolicy
 from app.sim.results import DecisionEvent, ReplayResult
@@ -115,10 +115,13 @@ def make_policy(name: str, world: World) -> Policy:
     if name == "reactive":
         bounds = {role: (d.role(role).min_replicas, d.role(role).max_replicas) for role in ROLES}
         return ReactivePolicy(sim.reactive, initial, bounds)
-    if name == "planner":
+    if name in ("planner", "seed"):
+        # planner: SLA scaling; seed: the reference's throughput and load modes, as configured.
+        algorithm = "sla" if name == "planner" else "seed"
+        d = d.model_copy(update={"scaling": d.scaling.model_copy(update={"algorithm": algorithm})})
         planner = EmbeddedPlanner.from_config(d, base_dir=world.config.base_dir)
-        return PlannerPolicy(planner, initial, with_fpm=d.load.enabled)
-    raise ConfigError(f"--policy: unknown policy {name!r} (choose from planner, static, reactive, oracle)")
+        return PlannerPolicy(planner, initial, with_fpm=algorithm == "sla" or d.load.enabled, name=name)
+    raise ConfigError(f"--policy: unknown policy {name!r} (choose from {', '.join(POLICIES)})")
 
 
 def run_policy(

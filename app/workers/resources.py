@@ -21,6 +21,7 @@ from app.core.errors import ProfileError
 from app.core.interpolation import PerfModel
 from app.core.load import LoadModels, LoadSettings
 from app.core.predictors import TrafficPredictor
+from app.core.sla_scaling import SlaSettings
 from app.core.traces import bucket_requests
 from app.core.types import Role
 from app.sources.fpm import FpmSubscriber
@@ -95,6 +96,32 @@ def build_model_resources(deployment: DeploymentConfig, *, base_dir: Path) -> Mo
             log.info("[%s] load regressions bootstrapped from the profile: %s", deployment.name, used)
         load_settings = make_load_settings(deployment, model)
     return ModelResources(model, model_error, predictor, warmed, load_models, load_settings)
+
+
+def make_sla_settings(deployment: DeploymentConfig, model: PerfModel | None) -> SlaSettings:
+    """SLA scaling's settings from the deployment (app/core/sla_scaling.py)."""
+    s = deployment.scaling
+    decode = deployment.decode
+    max_kv = decode.max_kv_tokens or (model.decode.max_kv_tokens if model is not None else 1)
+    return SlaSettings(
+        ttft_target_ms=deployment.sla.ttft_ms,
+        itl_target_ms=deployment.sla.itl_ms,
+        bounds=deployment.bounds(),
+        chunk_tokens=deployment.prefill.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        max_kv_tokens=int(max_kv),
+        quantile=s.quantile,
+        prefill_max_utilisation=s.prefill_max_utilisation,
+        decode_itl_margin=s.decode_itl_margin,
+        burst_window_s=s.burst_window_s,
+        level_window_s=s.level_window_s,
+        trend_window_s=s.trend_window_s,
+        lookback_s=s.lookback_s,
+        scale_down_window_s=s.scale_down_window_s,
+        startup_estimate_s=s.startup_estimate_s,
+        trend=s.trend,
+        history_s=s.history_s,
+        growth_quantile=s.growth_quantile,
+    )
 
 
 def make_load_settings(deployment: DeploymentConfig, model: PerfModel | None) -> LoadSettings:

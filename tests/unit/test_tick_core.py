@@ -484,6 +484,7 @@ def test_on_tick_diagnostics_record() -> None:
         "target": {"prefill": 3, "decode": 10},
         "throughput": None,
         "load": None,
+        "sla": None,
     }
     assert result.target == {"prefill": 3, "decode": 10}
     assert result.source == SRC.OVERRIDE

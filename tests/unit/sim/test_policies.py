@@ -81,8 +81,8 @@ def test_the_oracle_policy_bills_what_the_oracle_schedule_says(world) -> None:
             assert ready >= needed, (role, k)
 
 
-def test_the_planner_never_issues_a_target_while_the_last_one_is_not_ready(world) -> None:
-    result = run_policy(world, make_policy("planner", world), trace_name="step")
+def test_the_seed_never_issues_a_target_while_the_last_one_is_not_ready(world) -> None:
+    result = run_policy(world, make_policy("seed", world), trace_name="step")
     targets = [d for d in result.decisions if d.target is not None]
     assert len(targets) >= 2  # the step makes it scale up and back down
     assert max(d.target["prefill"] for d in targets) > min(d.target["prefill"] for d in targets)

@@ -1,0 +1,435 @@
+"""SLA scaling: the planner's own algorithm (the seed's throughput and load modes are `seed`).
+
+Every tick (`scaling.interval_s`, 5 s by default) it reads what a controller can read: the
+frontend's traffic since the previous tick (requests, mean ISL and OSL, the ISL histogram), each
+engine's latest forward pass (FPM) and the ready counts. Then, per role:
+
+1. **World over profile** (`scale`): each fresh forward pass's wall time over the profile's time
+   for the same work; the median of a tick's ratios, smoothed (EWMA) and bounded. Iterations are
+   immune to the transients that mislead latency-based corrections (engines starting or
+   draining change the latency users see, not the time an iteration of a given size takes).
+2. **Demand**: the busiest `burst_window_s` of the ticks kept, and the level of the last
+   `level_window_s` plus its trend over `lookback_s` carried `lead_s` ahead, where `lead_s` is
+   the scaling latency the planner has measured (how long ordered engines took to become
+   ready), the configured `startup_estimate_s` until it has measured one. The forecast may only
+   raise the demand, never lower it below what was just seen.
+3. **Wish**: engines for that demand (`app/core/capacity.py`): prefill for the TTFT target
+   including queueing and the prompt-length mix; decode for the ITL target by Little's law
+   against the largest batch meeting it; decode also for the requests the engines actually hold
+   or queue now, when that is more.
+4. **Target**: up at once to the wish; down only to the highest wish of the last
+   `scale_down_window_s`, and not before the planner has watched a full window.
+
+Nothing here reads the clock: `now_s` comes with the input. State (the samples, wishes and
+measured scales) is an explicit object the caller keeps between ticks.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from app.core.capacity import (
+    Bucket,
+    LengthMix,
+    decode_batch_limit,
+    decode_concurrency,
+    prefill_engines,
+)
+from app.core.fpm import ForwardPassMetrics
+from app.core.interpolation import PerfModel
+from app.core.types import Replicas, Role, RoleBounds
+
+EngineKey = tuple[str, int]
+
+
+class SlaReason(StrEnum):
+    NO_TRAFFIC_DATA = "no_traffic_data"
+    MODEL_NOT_READY = "model_not_ready"
+    SCALE_UP = "scale_up"
+    SCALE_DOWN = "scale_down"
+    HOLD = "hold"  # the wish is below the count, the stabilisation window keeps it
+    NO_CHANGE = "no_change"
+
+
+@dataclass(frozen=True)
+class SlaSettings:
+    ttft_target_ms: float
+    itl_target_ms: float
+    bounds: dict[Role, RoleBounds]
+    chunk_tokens: int  # prefill max_num_batched_tokens
+    max_kv_tokens: int  # per decode engine
+    quantile: float = 0.99
+    prefill_max_utilisation: float = 0.9
+    decode_itl_margin: float = 0.95  # decode batches are sized for this share of the ITL target
+    burst_window_s: float = 10.0
+    level_window_s: float = 20.0
+    trend_window_s: float = 20.0
+    lookback_s: float = 300.0
+    scale_down_window_s: float = 300.0
+    startup_estimate_s: float = 120.0
+    trend: bool = True
+    history_s: float = 1800.0  # how much of the traffic's past the forecast's headroom learns from
+    growth_quantile: float = 0.9
+    growth_min_points: int = 24
+    scale_bounds: tuple[float, float] = (0.5, 4.0)
+    scale_smoothing: float = 0.3  # EWMA weight of a tick's median ratio
+
+
+@dataclass(frozen=True)
+class TrafficSample:
+    """One tick's traffic, as the frontend counted it."""
+
+    end_s: float
+    duration_s: float
+    num_req: float
+    isl: float | None  # mean input tokens
+    osl: float | None  # mean output tokens
+    isl_buckets: tuple[Bucket, ...] = ()
+
+
+@dataclass(frozen=True)
+class SlaInput:
+    now_s: float
+    traffic: TrafficSample | None
+    fpm: Mapping[Role, Mapping[EngineKey, ForwardPassMetrics]]
+    ready: Mapping[Role, int]
+    expected: Mapping[Role, int]  # what the planner last ordered (starting engines included)
+
+
+@dataclass
+class SlaState:
+    samples: deque[TrafficSample] = field(default_factory=deque)
+    wishes: deque[tuple[float, dict[Role, int]]] = field(default_factory=deque)
+    # (t, prompt tokens per second, requests in decode at the target) of the level window
+    history: deque[tuple[float, float, float]] = field(default_factory=deque)
+    scale: dict[Role, float] = field(default_factory=dict)
+    first_s: float | None = None
+    # Scaling latency: the open scale-up orders (role -> (ordered at, count)) and the measurements.
+    orders: dict[Role, tuple[float, int]] = field(default_factory=dict)
+    lead_s: float | None = None
+    seen: dict[tuple[Role, EngineKey], ForwardPassMetrics] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SlaResult:
+    replicas: Replicas | None
+    reason: SlaReason
+    detail: str
+    diagnostics: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What the engines must serve at `now + lead`: the level, raised by the burst or growth."""
+
+    request_rate_s: float  # the level
+    token_rate_s: float  # prompt tokens per second to size prefill for
+    in_flight: float  # requests in decode at the ITL target to size decode for
+    isl: float
+    osl: float
+    mix: LengthMix
+    burst_ratio: float  # the busiest burst over the level
+    growth: tuple[float, float] | None  # (prompt tokens, decode requests) growth over the lead
+
+
+@dataclass(frozen=True)
+class SlaTick:
+    """What one tick of SLA scaling needs; the tick chain calls `sla_step` with it."""
+
+    model: PerfModel | None
+    state: SlaState
+    input: SlaInput
+    settings: SlaSettings
+
+
+def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: SlaSettings) -> SlaResult:
+    now = inp.now_s
+    if state.first_s is None:
+        state.first_s = now
+    scales = {role: _update_scale(model, state, role, records, settings) for role, records in inp.fpm.items()}
+    lead_s = _update_lead(state, inp, settings)
+    if inp.traffic is not None and inp.traffic.duration_s > 0:
+        state.samples.append(inp.traffic)
+    while state.samples and state.samples[0].end_s <= now - settings.lookback_s:
+        state.samples.popleft()
+    diagnostics: dict[str, Any] = {
+        "scale": {r: round(s, 4) for r, s in state.scale.items()},
+        "scale_samples": scales,
+        "lead_s": round(lead_s, 1),
+        "lead_measured": state.lead_s is not None,
+    }
+    if model is None:
+        return SlaResult(None, SlaReason.MODEL_NOT_READY, "no performance model", diagnostics)
+    demand = _demand(state, now, lead_s, settings)
+    if demand is None:
+        return SlaResult(None, SlaReason.NO_TRAFFIC_DATA, "no traffic in the level window", diagnostics)
+    diagnostics["demand"] = {
+        "request_rate_s": round(demand.request_rate_s, 3),
+        "token_rate_s": round(demand.token_rate_s, 1),
+        "in_flight": round(demand.in_flight, 1),
+        "burst_ratio": round(demand.burst_ratio, 3),
+        "growth": [round(g, 3) for g in demand.growth] if demand.growth else None,
+        "isl_mean": round(demand.isl, 1),
+        "isl_quantile": round(demand.mix.quantile, 1),
+        "osl_mean": round(demand.osl, 1),
+    }
+    wish, role_diag = _wishes(model, demand, inp, state, settings, lead_s)
+    diagnostics["roles"] = role_diag
+    state.wishes.append((now, wish))
+    while state.wishes and state.wishes[0][0] <= now - settings.scale_down_window_s:
+        state.wishes.popleft()
+    watched_s = now - state.first_s
+    target: dict[Role, int] = {}
+    reasons: dict[Role, SlaReason] = {}
+    notes = []
+    for role in settings.bounds:
+        current = inp.expected.get(role, inp.ready.get(role, 0))
+        want = wish[role]
+        if want > current:
+            target[role], reasons[role] = want, SlaReason.SCALE_UP
+        elif want == current:
+            target[role], reasons[role] = current, SlaReason.NO_CHANGE
+        elif watched_s < settings.scale_down_window_s:
+            target[role], reasons[role] = current, SlaReason.HOLD
+            role_diag[role]["hold"] = (
+                f"watched {watched_s:.0f} s of the {settings.scale_down_window_s:g} s window"
+            )
+        else:
+            stable = max(w[role] for _, w in state.wishes)
+            if stable < current:
+                target[role], reasons[role] = stable, SlaReason.SCALE_DOWN
+            else:
+                target[role], reasons[role] = current, SlaReason.HOLD
+                role_diag[role]["hold"] = f"highest wish of the window is {stable}"
+        role_diag[role]["reason"] = str(reasons[role])
+        notes.append(f"{role} {current}->{target[role]} ({reasons[role]}, wish {want})")
+        if target[role] > current and role not in state.orders:
+            # An order still open keeps its start: the engines it asked for come first.
+            state.orders[role] = (now, target[role])
+    order = (SlaReason.SCALE_UP, SlaReason.SCALE_DOWN, SlaReason.HOLD, SlaReason.NO_CHANGE)
+    reason = next(r for r in order if r in reasons.values())
+    return SlaResult(target, reason, "; ".join(notes), diagnostics)
+
+
+def _bounded(value: int, bounds: RoleBounds) -> int:
+    return max(bounds.min_replicas, min(bounds.max_replicas, value))
+
+
+def _wishes(
+    model: PerfModel, demand: Demand, inp: SlaInput, state: SlaState, settings: SlaSettings, lead_s: float
+) -> tuple[dict[Role, int], dict[Role, dict[str, Any]]]:
+    wish: dict[Role, int] = {}
+    diag: dict[Role, dict[str, Any]] = {}
+    if "prefill" in settings.bounds:
+        scale = state.scale.get("prefill", 1.0)
+        # The prompts queued now must be cleared too, by the time more engines could serve.
+        queued = sum(r.queued.sum_prefill_tokens for r in inp.fpm.get("prefill", {}).values())
+        backlog_rate = queued / max(lead_s, settings.burst_window_s)
+        sizing = prefill_engines(
+            model,
+            token_rate_s=demand.token_rate_s + backlog_rate,
+            mix=demand.mix,
+            ttft_target_ms=settings.ttft_target_ms,
+            chunk_tokens=settings.chunk_tokens,
+            scale=scale,
+            quantile=settings.quantile,
+            max_utilisation=settings.prefill_max_utilisation,
+            max_engines=settings.bounds["prefill"].max_replicas,
+        )
+        wish["prefill"] = _bounded(sizing.engines, settings.bounds["prefill"])
+        diag["prefill"] = {
+            "needed": sizing.engines,
+            "wish": wish["prefill"],
+            "utilisation": round(sizing.utilisation, 3),
+            "wait_s": round(sizing.wait_s, 3) if math.isfinite(sizing.wait_s) else None,
+            "service_s": round(sizing.service_s, 3),
+            "capacity_tokens_s": round(sizing.capacity_tokens_s, 1),
+            "queued_tokens": queued,
+            "backlog_tokens_s": round(backlog_rate, 1),
+            "meets_target": sizing.meets_target,
+        }
+    if "decode" in settings.bounds:
+        scale = state.scale.get("decode", 1.0)
+        batch = decode_batch_limit(
+            model,
+            isl_tokens=demand.isl,
+            osl_tokens=demand.osl,
+            itl_target_ms=settings.itl_target_ms * settings.decode_itl_margin,
+            scale=scale,
+            max_kv_tokens=settings.max_kv_tokens,
+        )
+        in_flight = demand.in_flight
+        held = sum(
+            r.scheduled.num_decode_requests + r.queued.num_decode_requests
+            for r in inp.fpm.get("decode", {}).values()
+        )
+        needed = max(math.ceil(in_flight / batch), math.ceil(held / batch))
+        wish["decode"] = _bounded(needed, settings.bounds["decode"])
+        diag["decode"] = {
+            "needed": needed,
+            "wish": wish["decode"],
+            "batch_limit": batch,
+            "in_flight_at_target": round(in_flight, 1),
+            "held_now": held,
+        }
+    return wish, diag
+
+
+def _rates(samples: list[TrafficSample]) -> tuple[float, float, float | None, float | None]:
+    """(duration, requests, mean ISL, mean OSL) of consecutive samples merged."""
+    duration = sum(s.duration_s for s in samples)
+    num = sum(s.num_req for s in samples)
+    isl_n = [(s.isl, s.num_req) for s in samples if s.isl is not None and s.num_req > 0]
+    osl_n = [(s.osl, s.num_req) for s in samples if s.osl is not None and s.num_req > 0]
+    isl = sum(v * n for v, n in isl_n) / sum(n for _, n in isl_n) if isl_n else None
+    osl = sum(v * n for v, n in osl_n) / sum(n for _, n in osl_n) if osl_n else None
+    return duration, num, isl, osl
+
+
+def _demand(state: SlaState, now: float, lead_s: float, settings: SlaSettings) -> Demand | None:
+    """The level of the last `level_window_s` (prompt tokens per second, and requests in
+    decode at the ITL target), raised by the busiest burst inside it or by the forecast's
+    growth over the lead, whichever is more. Lengths are the window's means: ISL shifts move
+    prefill work as much as the request rate does."""
+    recent = [s for s in state.samples if s.end_s > now - settings.level_window_s]
+    duration, num, isl, osl = _rates(recent)
+    if duration <= 0 or isl is None or osl is None:
+        return None
+    request_rate = num / duration
+    token_rate = request_rate * isl
+    in_flight = decode_concurrency(
+        request_rate_s=request_rate, osl_tokens=osl, itl_target_ms=settings.itl_target_ms
+    )
+    burst = _busiest(recent, settings.burst_window_s)
+    burst_ratio = max(1.0, burst / request_rate) if request_rate > 0 else 1.0
+    # The growth is learned on a smoother level: a short window's noise is not growth.
+    smooth = [s for s in state.samples if s.end_s > now - settings.trend_window_s]
+    d, n, i, o = _rates(smooth)
+    if d > 0 and i is not None and o is not None:
+        smooth_flight = decode_concurrency(
+            request_rate_s=n / d, osl_tokens=o, itl_target_ms=settings.itl_target_ms
+        )
+        state.history.append((now, n / d * i, smooth_flight))
+    while state.history and state.history[0][0] <= now - settings.history_s:
+        state.history.popleft()
+    growth = _growth_quantiles(state.history, lead_s, settings) if settings.trend else None
+    token_factor = max(burst_ratio, growth[0]) if growth else burst_ratio
+    flight_factor = max(burst_ratio, growth[1]) if growth else burst_ratio
+    buckets = _merged_buckets(list(state.samples))
+    mix = LengthMix.from_histogram(buckets, isl, settings.quantile) if buckets else LengthMix.uniform(isl)
+    return Demand(
+        request_rate_s=request_rate,
+        token_rate_s=token_rate * token_factor,
+        in_flight=in_flight * flight_factor,
+        isl=isl,
+        osl=osl,
+        mix=mix,
+        burst_ratio=burst_ratio,
+        growth=growth,
+    )
+
+
+def _busiest(items: list[TrafficSample], window_s: float) -> float:
+    """The highest request rate over any run of consecutive ticks spanning `window_s`."""
+    best, start = 0.0, 0
+    for end in range(len(items)):
+        while (
+            start < end
+            and items[end].end_s - items[start + 1].end_s + items[start + 1].duration_s >= window_s
+        ):
+            start += 1
+        d, n, _, _ = _rates(items[start : end + 1])
+        if d > 0:
+            best = max(best, n / d)
+    return best
+
+
+def _growth_quantiles(
+    history: deque[tuple[float, float, float]], lead_s: float, settings: SlaSettings
+) -> tuple[float, float] | None:
+    """How much each level grew over `lead_s`, as the traffic kept in the history did it: the
+    `growth_quantile` of level(t + lead) ÷ level(t), at least 1, for prompt tokens and for
+    requests in decode. The forecast's headroom is what the traffic actually did, not an assumed
+    shape. None until the history has `growth_min_points` such pairs."""
+    times = np.array([h[0] for h in history])
+    later = np.searchsorted(times, times + lead_s)
+    ok = later < len(times)
+    if ok.sum() < settings.growth_min_points:
+        return None
+    out = []
+    for column in (1, 2):
+        levels = np.array([h[column] for h in history])
+        pairs = ok & (levels > 0)
+        if not pairs.any():
+            out.append(1.0)
+            continue
+        ratios = levels[later[pairs]] / levels[pairs]
+        out.append(max(1.0, float(np.quantile(ratios, settings.growth_quantile))))
+    return out[0], out[1]
+
+
+def _merged_buckets(items: list[TrafficSample]) -> list[Bucket]:
+    merged: dict[float, float] = {}
+    for s in items:
+        for bound, count in s.isl_buckets:
+            merged[bound] = merged.get(bound, 0.0) + count
+    return sorted(merged.items())
+
+
+def _expected_s(model: PerfModel, role: Role, record: ForwardPassMetrics) -> float | None:
+    """The profile's time for the work one forward pass did."""
+    s = record.scheduled
+    if role == "prefill" and s.sum_prefill_tokens > 0:
+        return model.prefill_ttft_ms(s.sum_prefill_tokens) / 1000.0
+    if role == "decode" and s.num_decode_requests > 0:
+        context = s.sum_decode_kv_tokens / s.num_decode_requests
+        return model.decode_itl_ms(s.num_decode_requests, context) / 1000.0
+    return None
+
+
+def _update_scale(
+    model: PerfModel | None,
+    state: SlaState,
+    role: Role,
+    records: Mapping[EngineKey, ForwardPassMetrics],
+    settings: SlaSettings,
+) -> int:
+    """Fold this tick's fresh forward passes into the role's scale; returns how many were used."""
+    if model is None:
+        return 0
+    ratios = []
+    for key, record in records.items():
+        if state.seen.get((role, key)) is record or record.wall_time_s <= 0:
+            continue
+        state.seen[(role, key)] = record
+        expected = _expected_s(model, role, record)
+        if expected:
+            ratios.append(record.wall_time_s / expected)
+    if ratios:
+        low, high = settings.scale_bounds
+        ratio = min(high, max(low, statistics.median(ratios)))
+        before = state.scale.get(role)
+        a = settings.scale_smoothing
+        state.scale[role] = ratio if before is None else before + a * (ratio - before)
+    return len(ratios)
+
+
+def _update_lead(state: SlaState, inp: SlaInput, settings: SlaSettings) -> float:
+    """Close the scale-up orders the ready counts have reached; their age is the scaling latency
+    (EWMA), which is how far ahead the forecast looks."""
+    for role, (ordered_s, count) in list(state.orders.items()):
+        if inp.expected.get(role, count) < count:
+            del state.orders[role]  # cancelled by a later scale-down: nothing measured
+        elif inp.ready.get(role, 0) >= count:
+            latency = inp.now_s - ordered_s
+            state.lead_s = latency if state.lead_s is None else 0.7 * state.lead_s + 0.3 * latency
+            del state.orders[role]
+    return state.lead_s if state.lead_s is not None else settings.startup_estimate_s
