@@ -8,8 +8,9 @@ Workloads (both bundled in data/traces/):
   hour), Poisson arrivals at the windows' own rates, request lengths drawn from the Azure trace.
 
 For each workload, start-up delay (30, 120, 300 s) and truth scale (1.0, 1.2: the world 20%
-slower than the planner's profile), every policy (oracle, static, reactive, planner) runs on the
-same world, with the settings of examples/replay.yaml (TTFT 1 s, ITL 30 ms, H200 Llama-3.1-8B
+slower than the planner's profile), every policy (oracle, static, reactive, seed, planner) runs on the
+same world (`seed` is the reference's throughput and load modes, `planner` SLA scaling), with
+the settings of examples/replay.yaml (TTFT 1 s, ITL 30 ms, H200 Llama-3.1-8B
 FP8 profile). Columns: SLO attainment (TTFT and mean ITL both met), GPU-hours, GPU-hours over
 the oracle's lower bound, scaling actions, and replay speed (simulated seconds per wall second).
 
@@ -43,7 +44,7 @@ SERVEGEN = ROOT / "data" / "traces" / "language_m-large_aggregate_rate.csv"
 WORKLOADS = ("azure-conv-x30", "servegen-day1")
 DELAYS_S = (30, 120, 300)
 TRUTH_SCALES = (1.0, 1.2)
-POLICIES = ("oracle", "static", "reactive", "planner")
+POLICIES = ("oracle", "static", "reactive", "seed", "planner")
 
 
 def workload(name: str):

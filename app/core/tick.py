@@ -11,8 +11,8 @@ from dataclasses import replace
 from datetime import datetime
 
 from app.core.load import load_step
-from app.core.sla_scaling import sla_step
 from app.core.overrides import apply_bounds, apply_pause, apply_pin, effective_bounds
+from app.core.sla_scaling import sla_step
 from app.core.throughput import ThroughputReason, apply_gpu_budget, throughput_step
 from app.core.types import DecisionSource, Replicas, Stage, TickResult, TickSnapshot
 
