@@ -5,17 +5,21 @@ on its own:
 
 - **Prefill**: an engine computes prompts in chunks of up to `max_num_batched_tokens`; saturated,
   it processes `chunk ÷ TTFT(chunk)` tokens per second. A request's TTFT is the time it waits
-  plus its own prefill. Each engine is taken as an M/G/1 queue fed a 1/c share of the token
-  rate, with service time `isl ÷ capacity`: the Pollaczek-Khinchine mean wait uses the second
-  moment of the prompt lengths (so a long-prompt mix needs more engines than its mean suggests),
-  and the wait's tail is the usual exponential approximation
+  plus its own prefill. Routing to the least-loaded engine pools the `c` engines into one queue
+  served `c` times as fast; the Pollaczek-Khinchine mean wait of that M/G/1 queue uses the second
+  moment of the prompt lengths (a long-prompt mix needs more engines than its mean suggests),
+  multiplied by the arrivals' index of dispersion (bursts wait like fewer, larger requests:
+  M^X/G/1), and the wait's tail is the usual exponential approximation
   `P(W > x) ≈ ρ·exp(−x·ρ / E[W])`. The fewest engines whose `quantile` wait plus the prefill of
   a `quantile`-length prompt fits the target, at no more than `max_utilisation`.
 - **Decode**: Little's law at the ITL target. A request of `osl` tokens decodes for
   `(osl − 1) × ITL`; at the target, the arrival rate λ keeps `λ × (osl − 1) × ITL` requests in
-  flight. One engine holds the largest batch whose iteration (the profile's ITL surface, at the
-  batch's context) meets the target and whose KV fits: throughput and latency come from the same
-  surface, so they cannot disagree.
+  flight on average, and a quantile of that count is sized for (`peak_concurrency`: an M^X/G/∞
+  count, variance = mean × dispersion). One engine holds the largest batch whose iteration (the
+  profile's ITL surface, at the batch's context) meets the target and whose KV fits: throughput
+  and latency come from the same surface, so they cannot disagree. The search bisects, taking
+  the ITL to grow with the batch; the interpolated surface is not strictly monotonic, so the
+  limit can be off by a few requests where it is not.
 
 `scale` is the world's latency over the profile's (1.2: everything 20% slower), as measured from
 the engines' own iterations; every latency below is the profile's × `scale`.
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from app.core.interpolation import PerfModel
 
@@ -107,6 +112,7 @@ def prefill_engines(
     quantile: float = 0.99,
     max_utilisation: float = 0.9,
     max_engines: int = 1024,
+    dispersion: float = 1.0,
 ) -> PrefillSizing:
     capacity = prefill_capacity_tokens_s(model, chunk_tokens=chunk_tokens, scale=scale)
     service_s = prefill_service_s(model, mix.quantile, chunk_tokens=chunk_tokens, scale=scale)
@@ -120,7 +126,10 @@ def prefill_engines(
     start = max(1, math.ceil(token_rate_s / (capacity * max_utilisation)))
     for c in range(start, max_engines + 1):
         rho = request_rate / c * mean_s
-        wait_s = _quantile_wait_s(request_rate / c, rho, second_s2, quantile)
+        # Routing to the least-loaded engine pools the c engines into one server c times as
+        # fast (service time S/c, so E[S²]/c²). Arrivals in bursts (index of dispersion of the
+        # counts above 1) wait like fewer, larger requests: E[S²] grows by that factor (M^X/G/1).
+        wait_s = _quantile_wait_s(request_rate, rho, second_s2 * max(dispersion, 1.0) / c**2, quantile)
         if wait_s <= budget_s:
             return PrefillSizing(c, rho, wait_s, service_s, capacity, True)
     rho = request_rate / max_engines * mean_s
@@ -170,5 +179,15 @@ def decode_batch_limit(
 
 
 def decode_concurrency(*, request_rate_s: float, osl_tokens: float, itl_target_ms: float) -> float:
-    """Requests in flight at the ITL target (Little's law)."""
+    """Requests in flight at the ITL target, on average (Little's law)."""
     return request_rate_s * max(osl_tokens - 1, 0.0) * itl_target_ms / 1000.0
+
+
+def peak_concurrency(mean: float, *, dispersion: float, quantile: float) -> float:
+    """The `quantile` of the requests in flight: in an M^X/G/∞ system the count has the mean
+    `mean` and the variance `mean × dispersion` (the index of dispersion of the arrivals); the
+    normal quantile of that."""
+    if mean <= 0:
+        return 0.0
+    z = NormalDist().inv_cdf(quantile)
+    return mean + z * math.sqrt(mean * max(dispersion, 1.0))

@@ -8,16 +8,22 @@ engine's latest forward pass (FPM) and the ready counts. Then, per role:
    for the same work; the median of a tick's ratios, smoothed (EWMA) and bounded. Iterations are
    immune to the transients that mislead latency-based corrections (engines starting or
    draining change the latency users see, not the time an iteration of a given size takes).
-2. **Demand**: the busiest `burst_window_s` of the ticks kept, and the level of the last
-   `level_window_s` plus its trend over `lookback_s` carried `lead_s` ahead, where `lead_s` is
-   the scaling latency the planner has measured (how long ordered engines took to become
-   ready), the configured `startup_estimate_s` until it has measured one. The forecast may only
-   raise the demand, never lower it below what was just seen.
-3. **Wish**: engines for that demand (`app/core/capacity.py`): prefill for the TTFT target
-   including queueing and the prompt-length mix; decode for the ITL target by Little's law
-   against the largest batch meeting it; decode also for the requests the engines actually hold
-   or queue now, when that is more.
-4. **Target**: up at once to the wish; down only to the highest wish of the last
+2. **Lead** (`lead_s`): how long ordered engines took to become ready, measured from the planner's
+   own scale-ups (EWMA); `startup_estimate_s` until it has measured one. The planner sizes for
+   the traffic one lead ahead: engines ordered now serve no sooner.
+3. **Demand**: the request rate of the last `level_window_s` (20 s: it follows a burst within a
+   tick or two), or, where more, the smoother `trend_window_s` level raised by its forecast: its
+   growth over one lead in the traffic's own history (the `growth_quantile` of
+   level(t + lead) ÷ level(t) over `history_s`) and a ramp under way (the level's slope over
+   max(2 × trend window, lead), carried a lead ahead). The forecast only ever raises the demand.
+   Lengths are the trend window's means and the ISL histogram of the samples kept (`lookback_s`);
+   burstiness is the index of dispersion of the per-tick request counts.
+4. **Wish**: engines for that demand (`app/core/capacity.py`): prefill for the TTFT target
+   including queueing (bursts and the prompt-length mix) and the prompts queued now; decode for
+   the ITL target by Little's law at the `decode_peak_quantile` of the requests in flight,
+   against the largest batch meeting `decode_itl_margin` × the target; decode also for the
+   requests the engines actually hold or queue now, when that is more.
+5. **Target**: up at once to the wish; down only to the highest wish of the last
    `scale_down_window_s`, and not before the planner has watched a full window.
 
 Nothing here reads the clock: `now_s` comes with the input. State (the samples, wishes and
@@ -41,6 +47,7 @@ from app.core.capacity import (
     LengthMix,
     decode_batch_limit,
     decode_concurrency,
+    peak_concurrency,
     prefill_engines,
 )
 from app.core.fpm import ForwardPassMetrics
@@ -69,9 +76,9 @@ class SlaSettings:
     quantile: float = 0.99
     prefill_max_utilisation: float = 0.9
     decode_itl_margin: float = 0.95  # decode batches are sized for this share of the ITL target
-    burst_window_s: float = 10.0
+    decode_peak_quantile: float = 0.999  # of the requests in flight, the count decode is sized for
     level_window_s: float = 20.0
-    trend_window_s: float = 20.0
+    trend_window_s: float = 60.0
     lookback_s: float = 300.0
     scale_down_window_s: float = 300.0
     startup_estimate_s: float = 120.0
@@ -128,16 +135,18 @@ class SlaResult:
 
 @dataclass(frozen=True)
 class Demand:
-    """What the engines must serve at `now + lead`: the level, raised by the burst or growth."""
+    """What the engines must serve at `now + lead`."""
 
     request_rate_s: float  # the level
     token_rate_s: float  # prompt tokens per second to size prefill for
-    in_flight: float  # requests in decode at the ITL target to size decode for
+    in_flight_mean: float  # requests in decode at the ITL target, on average
+    in_flight: float  # ... at the decode peak quantile: what decode is sized for
     isl: float
     osl: float
     mix: LengthMix
-    burst_ratio: float  # the busiest burst over the level
+    dispersion: float  # index of dispersion of the per-tick request counts
     growth: tuple[float, float] | None  # (prompt tokens, decode requests) growth over the lead
+    ramp: tuple[float, float]  # slopes of the two levels per second (0 when falling)
 
 
 @dataclass(frozen=True)
@@ -174,9 +183,11 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
     diagnostics["demand"] = {
         "request_rate_s": round(demand.request_rate_s, 3),
         "token_rate_s": round(demand.token_rate_s, 1),
+        "in_flight_mean": round(demand.in_flight_mean, 1),
         "in_flight": round(demand.in_flight, 1),
-        "burst_ratio": round(demand.burst_ratio, 3),
+        "dispersion": round(demand.dispersion, 2),
         "growth": [round(g, 3) for g in demand.growth] if demand.growth else None,
+        "ramp_per_s": [round(r, 4) for r in demand.ramp],
         "isl_mean": round(demand.isl, 1),
         "isl_quantile": round(demand.mix.quantile, 1),
         "osl_mean": round(demand.osl, 1),
@@ -232,7 +243,7 @@ def _wishes(
         scale = state.scale.get("prefill", 1.0)
         # The prompts queued now must be cleared too, by the time more engines could serve.
         queued = sum(r.queued.sum_prefill_tokens for r in inp.fpm.get("prefill", {}).values())
-        backlog_rate = queued / max(lead_s, settings.burst_window_s)
+        backlog_rate = queued / max(lead_s, settings.level_window_s)
         sizing = prefill_engines(
             model,
             token_rate_s=demand.token_rate_s + backlog_rate,
@@ -243,6 +254,7 @@ def _wishes(
             quantile=settings.quantile,
             max_utilisation=settings.prefill_max_utilisation,
             max_engines=settings.bounds["prefill"].max_replicas,
+            dispersion=demand.dispersion,
         )
         wish["prefill"] = _bounded(sizing.engines, settings.bounds["prefill"])
         diag["prefill"] = {
@@ -295,61 +307,88 @@ def _rates(samples: list[TrafficSample]) -> tuple[float, float, float | None, fl
 
 
 def _demand(state: SlaState, now: float, lead_s: float, settings: SlaSettings) -> Demand | None:
-    """The level of the last `level_window_s` (prompt tokens per second, and requests in
-    decode at the ITL target), raised by the busiest burst inside it or by the forecast's
-    growth over the lead, whichever is more. Lengths are the window's means: ISL shifts move
-    prefill work as much as the request rate does."""
-    recent = [s for s in state.samples if s.end_s > now - settings.level_window_s]
-    duration, num, isl, osl = _rates(recent)
-    if duration <= 0 or isl is None or osl is None:
-        return None
-    request_rate = num / duration
-    token_rate = request_rate * isl
-    in_flight = decode_concurrency(
-        request_rate_s=request_rate, osl_tokens=osl, itl_target_ms=settings.itl_target_ms
-    )
-    burst = _busiest(recent, settings.burst_window_s)
-    burst_ratio = max(1.0, burst / request_rate) if request_rate > 0 else 1.0
-    # The growth is learned on a smoother level: a short window's noise is not growth.
+    """The rate to size for: the level of the last `level_window_s`, or the smoother level of
+    the last `trend_window_s` raised by its growth over the lead, whichever is more. Lengths are
+    the trend window's means (ISL shifts move prefill work as much as the request rate does);
+    burstiness is the index of dispersion of the per-tick request counts kept."""
     smooth = [s for s in state.samples if s.end_s > now - settings.trend_window_s]
-    d, n, i, o = _rates(smooth)
-    if d > 0 and i is not None and o is not None:
-        smooth_flight = decode_concurrency(
-            request_rate_s=n / d, osl_tokens=o, itl_target_ms=settings.itl_target_ms
-        )
-        state.history.append((now, n / d * i, smooth_flight))
+    d_smooth, n_smooth, isl, osl = _rates(smooth)
+    if d_smooth > 0 and n_smooth == 0:
+        isl = osl = 0.0  # no request at all: nothing to serve, not an unknown
+    if d_smooth <= 0 or isl is None or osl is None:
+        return None
+    d_level, n_level, _, _ = _rates([s for s in state.samples if s.end_s > now - settings.level_window_s])
+    level = n_level / d_level if d_level > 0 else 0.0
+    trend = n_smooth / d_smooth
+
+    def in_flight(rate: float) -> float:
+        return decode_concurrency(request_rate_s=rate, osl_tokens=osl, itl_target_ms=settings.itl_target_ms)
+
+    if state.first_s is not None and now - state.first_s >= settings.trend_window_s:
+        # Only a full window is a level: the first ticks' partial windows would read as a ramp.
+        state.history.append((now, trend * isl, in_flight(trend)))
     while state.history and state.history[0][0] <= now - settings.history_s:
         state.history.popleft()
     growth = _growth_quantiles(state.history, lead_s, settings) if settings.trend else None
-    token_factor = max(burst_ratio, growth[0]) if growth else burst_ratio
-    flight_factor = max(burst_ratio, growth[1]) if growth else burst_ratio
+    g_tokens, g_flight = growth or (1.0, 1.0)
+    # A ramp under way goes on for the lead: its slope, carried from the middle of the window.
+    ahead_s = lead_s + settings.trend_window_s / 2
+    slope_window_s = max(2 * settings.trend_window_s, lead_s)
+    ramp = (
+        _slopes(state.history, now - slope_window_s, settings.trend_window_s)
+        if settings.trend
+        else (0.0, 0.0)
+    )
+    tokens_s = max(level * isl, trend * isl * g_tokens, trend * isl + ramp[0] * ahead_s)
+    dispersion = _dispersion(list(state.samples))
+    flight_mean = max(in_flight(level), in_flight(trend) * g_flight, in_flight(trend) + ramp[1] * ahead_s)
     buckets = _merged_buckets(list(state.samples))
     mix = LengthMix.from_histogram(buckets, isl, settings.quantile) if buckets else LengthMix.uniform(isl)
     return Demand(
-        request_rate_s=request_rate,
-        token_rate_s=token_rate * token_factor,
-        in_flight=in_flight * flight_factor,
+        request_rate_s=level,
+        token_rate_s=tokens_s,
+        in_flight_mean=flight_mean,
+        in_flight=peak_concurrency(
+            flight_mean, dispersion=dispersion, quantile=settings.decode_peak_quantile
+        ),
         isl=isl,
         osl=osl,
         mix=mix,
-        burst_ratio=burst_ratio,
+        dispersion=dispersion,
         growth=growth,
+        ramp=ramp,
     )
 
 
-def _busiest(items: list[TrafficSample], window_s: float) -> float:
-    """The highest request rate over any run of consecutive ticks spanning `window_s`."""
-    best, start = 0.0, 0
-    for end in range(len(items)):
-        while (
-            start < end
-            and items[end].end_s - items[start + 1].end_s + items[start + 1].duration_s >= window_s
-        ):
-            start += 1
-        d, n, _, _ = _rates(items[start : end + 1])
-        if d > 0:
-            best = max(best, n / d)
-    return best
+def _slopes(
+    history: deque[tuple[float, float, float]], since_s: float, min_span_s: float
+) -> tuple[float, float]:
+    """Least-squares slopes (per second) of both levels since `since_s`, never below 0: only a
+    rise is carried forward (the planner never scales in on a forecast). Points spanning less
+    than `min_span_s` give no slope: the first minute's levels are too few to say anything."""
+    points = np.array([h for h in history if h[0] > since_s])
+    if len(points) < 3 or np.ptp(points[:, 0]) < min_span_s:
+        return 0.0, 0.0
+    t = points[:, 0] - points[:, 0].mean()
+    denom = float((t * t).sum())
+    return tuple(max(0.0, float((t * (points[:, k] - points[:, k].mean())).sum()) / denom) for k in (1, 2))  # type: ignore[return-value]
+
+
+def _dispersion(items: list[TrafficSample]) -> float:
+    """Var ÷ mean of the per-tick request counts: 1 for Poisson arrivals, more for bursts. The
+    variance comes from the differences of consecutive ticks (a trend is not burstiness), by
+    their median absolute deviation (one step in the level, a single large difference, is not
+    burstiness either)."""
+    if len(items) < 3:
+        return 1.0
+    tick_s = statistics.fmean(s.duration_s for s in items)
+    counts = np.array([s.num_req / s.duration_s * tick_s for s in items if s.duration_s > 0])
+    mean = float(counts.mean())
+    if mean <= 0:
+        return 1.0
+    diffs = np.diff(counts)
+    sigma = 1.4826 * float(np.median(np.abs(diffs - np.median(diffs))))
+    return max(1.0, sigma * sigma / 2 / mean)
 
 
 def _growth_quantiles(

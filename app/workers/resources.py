@@ -112,7 +112,7 @@ def make_sla_settings(deployment: DeploymentConfig, model: PerfModel | None) -> 
         quantile=s.quantile,
         prefill_max_utilisation=s.prefill_max_utilisation,
         decode_itl_margin=s.decode_itl_margin,
-        burst_window_s=s.burst_window_s,
+        decode_peak_quantile=s.decode_peak_quantile,
         level_window_s=s.level_window_s,
         trend_window_s=s.trend_window_s,
         lookback_s=s.lookback_s,
