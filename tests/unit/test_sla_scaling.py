@@ -1,0 +1,561 @@
+"""SLA scaling (`app/core/sla_scaling.py`) driven tick by tick on small, hand-made scenarios.
+
+Each test feeds `sla_step` 5 s ticks of traffic (a `TrafficSample` per tick), explicit ready and
+expected counts and, where the mechanism needs them, forward-pass records; it pins one mechanism
+with values recomputed here from the inputs through `app/core/capacity.py` and the bundled H200
+profile. No benchmark or trace is involved.
+
+Unless a test is about the forecast, it runs with `trend=False`: growth and ramp then play no
+part, and the demand is the level (the rate of the last `level_window_s`, or the smoother
+`trend_window_s` one when higher) with the per-tick counts' index of dispersion.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from statistics import NormalDist
+
+import numpy as np
+import pytest
+
+from app.core.capacity import (
+    Bucket,
+    LengthMix,
+    decode_batch_limit,
+    decode_concurrency,
+    prefill_capacity_tokens_s,
+    prefill_engines,
+)
+from app.core.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics
+from app.core.interpolation import PerfModel
+from app.core.sla_scaling import (
+    EngineKey,
+    SlaInput,
+    SlaReason,
+    SlaResult,
+    SlaSettings,
+    SlaState,
+    TrafficSample,
+    sla_step,
+)
+from app.core.types import Role, RoleBounds
+from app.sources.profile_files import load_profile
+
+H200 = Path(__file__).resolve().parents[2] / "data" / "profiles" / "h200-llama3.1-8b-fp8"
+TICK_S = 5.0
+ISL, OSL = 2000.0, 150.0
+CONTEXT = ISL + OSL / 2  # a decode batch's mean context, half-way through the outputs
+CHUNK = 8192
+
+Fpm = Mapping[Role, Mapping[EngineKey, ForwardPassMetrics]]
+
+
+@pytest.fixture(scope="module")
+def h200() -> PerfModel:
+    return PerfModel.from_profile(load_profile(H200))
+
+
+def settings_for(model: PerfModel, roles: tuple[Role, ...], **overrides: object) -> SlaSettings:
+    base = SlaSettings(
+        ttft_target_ms=500.0,
+        itl_target_ms=20.0,
+        bounds={role: RoleBounds(1, 32) for role in roles},
+        chunk_tokens=CHUNK,
+        max_kv_tokens=model.decode.max_kv_tokens,
+        trend=False,
+    )
+    return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+@dataclass
+class Run:
+    """One planner's ticks: the clock, the state it keeps, the counts it last ordered.
+
+    By default the orders are followed at once (expected and ready become the target), as a
+    cluster that applies every decision before the next tick would."""
+
+    model: PerfModel | None
+    settings: SlaSettings
+    expected: dict[Role, int]
+    ready: dict[Role, int] | None = None
+    state: SlaState = field(default_factory=SlaState)
+    now_s: float = 0.0
+    counts: list[float] = field(default_factory=list)  # requests per tick, as fed
+    results: list[SlaResult] = field(default_factory=list)
+
+    def tick(
+        self,
+        num_req: float | None,
+        *,
+        isl: float | None = ISL,
+        osl: float | None = OSL,
+        buckets: tuple[Bucket, ...] = (),
+        fpm: Fpm | None = None,
+        ready: dict[Role, int] | None = None,
+        follow: bool = True,
+    ) -> SlaResult:
+        self.now_s += TICK_S
+        traffic = None
+        if num_req is not None:
+            traffic = TrafficSample(self.now_s, TICK_S, num_req, isl, osl, buckets)
+            self.counts.append(num_req)
+        current_ready = ready if ready is not None else (self.ready or self.expected)
+        result = sla_step(
+            self.model,
+            self.state,
+            SlaInput(self.now_s, traffic, fpm or {}, dict(current_ready), dict(self.expected)),
+            self.settings,
+        )
+        if follow and result.replicas is not None:
+            self.expected = dict(result.replicas)
+        self.results.append(result)
+        return result
+
+
+# --- hand computations of the demand --------------------------------------------------------------
+
+
+def window_rate(counts: list[float], window_s: float) -> float:
+    """Requests per second over the last `window_s` of 5 s ticks."""
+    kept = counts[-int(window_s // TICK_S) :]
+    return sum(kept) / (len(kept) * TICK_S)
+
+
+def dispersion(counts: list[float]) -> float:
+    """Index of dispersion of the per-tick counts, from consecutive differences (a difference of
+    two independent counts has twice their variance) by their median absolute deviation (a
+    single step is not burstiness), never below 1 (Poisson)."""
+    if len(counts) < 3:
+        return 1.0
+    diffs = np.diff(np.array(counts, dtype=float))
+    sigma = 1.4826 * float(np.median(np.abs(diffs - np.median(diffs))))
+    return max(1.0, sigma * sigma / 2 / float(np.mean(counts)))
+
+
+def level_rate(counts: list[float], settings: SlaSettings) -> float:
+    """The rate sized for without a forecast: the level, or the smoother trend level if higher."""
+    return max(window_rate(counts, settings.level_window_s), window_rate(counts, settings.trend_window_s))
+
+
+def prefill_wish(
+    model: PerfModel,
+    settings: SlaSettings,
+    token_rate_s: float,
+    mix: LengthMix,
+    disp: float,
+    scale: float = 1.0,
+) -> int:
+    return prefill_engines(
+        model,
+        token_rate_s=token_rate_s,
+        mix=mix,
+        ttft_target_ms=settings.ttft_target_ms,
+        chunk_tokens=settings.chunk_tokens,
+        scale=scale,
+        quantile=settings.quantile,
+        max_utilisation=settings.prefill_max_utilisation,
+        max_engines=settings.bounds["prefill"].max_replicas,
+        dispersion=disp,
+    ).engines
+
+
+def batch_limit(model: PerfModel, settings: SlaSettings, scale: float) -> int:
+    return decode_batch_limit(
+        model,
+        isl_tokens=ISL,
+        osl_tokens=OSL,
+        itl_target_ms=settings.itl_target_ms * settings.decode_itl_margin,
+        scale=scale,
+        max_kv_tokens=settings.max_kv_tokens,
+    )
+
+
+def decode_wish(model: PerfModel, settings: SlaSettings, rate: float, disp: float) -> int:
+    """Little's law at the ITL target, at the `decode_peak_quantile` of the requests in flight
+    (normal approximation, variance mean × dispersion), over the batch meeting the ITL."""
+    mean = decode_concurrency(request_rate_s=rate, osl_tokens=OSL, itl_target_ms=settings.itl_target_ms)
+    z = NormalDist().inv_cdf(settings.decode_peak_quantile)
+    peak = mean + z * math.sqrt(mean * disp)
+    return math.ceil(peak / batch_limit(model, settings, 1.0))
+
+
+# --- forward-pass records -------------------------------------------------------------------------
+
+
+def decode_record(model: PerfModel, worker: str, batch: int, ratio: float = 1.0) -> ForwardPassMetrics:
+    """A decode iteration of `batch` requests at CONTEXT whose wall time is `ratio` × the
+    profile's ITL for that batch. A new object each call: the planner folds each record once."""
+    wall_s = model.decode_itl_ms(batch, CONTEXT) / 1000.0 * ratio
+    return ForwardPassMetrics(
+        worker_id=worker,
+        dp_rank=0,
+        wall_time_s=wall_s,
+        scheduled=ScheduledRequestMetrics(
+            num_decode_requests=batch, sum_decode_kv_tokens=int(batch * CONTEXT)
+        ),
+    )
+
+
+def prefill_record(
+    model: PerfModel, worker: str, *, ratio: float = 1.0, queued_tokens: int = 0
+) -> ForwardPassMetrics:
+    """A prefill iteration of one full chunk, `ratio` × the profile's time, with a queue."""
+    return ForwardPassMetrics(
+        worker_id=worker,
+        dp_rank=0,
+        wall_time_s=model.prefill_ttft_ms(CHUNK) / 1000.0 * ratio,
+        scheduled=ScheduledRequestMetrics(num_prefill_requests=1, sum_prefill_tokens=CHUNK),
+        queued=QueuedRequestMetrics(num_prefill_requests=1, sum_prefill_tokens=queued_tokens),
+    )
+
+
+def decode_fpm(model: PerfModel, batches: list[int], ratio: float = 1.0) -> Fpm:
+    return {"decode": {(f"d{i}", 0): decode_record(model, f"d{i}", b, ratio) for i, b in enumerate(batches)}}
+
+
+# --- a. a burst inside an interval ----------------------------------------------------------------
+
+
+def test_a_burst_raises_prefill_on_the_very_next_tick(h200: PerfModel) -> None:
+    settings = settings_for(h200, ("prefill",))
+    steady, burst = 100.0, 600.0  # 20 req/s, then 120 req/s (6×) for two ticks (10 s)
+    mix = LengthMix.uniform(ISL)
+    steady_wish = prefill_wish(h200, settings, steady / TICK_S * ISL, mix, 1.0)
+    run = Run(h200, settings, expected={"prefill": steady_wish})
+
+    # Three minutes of steady traffic: the count is right from the start and stays.
+    for _ in range(36):
+        result = run.tick(steady)
+        assert (result.replicas, result.reason) == ({"prefill": steady_wish}, SlaReason.NO_CHANGE)
+        assert result.diagnostics["demand"]["dispersion"] == 1.0  # identical ticks: Poisson at most
+
+    # The burst's first tick: the level window (20 s) now holds 5 s of it.
+    result = run.tick(burst)
+    rate = level_rate(run.counts, settings)
+    assert rate == (3 * steady + burst) / 20.0  # 45 req/s: the 20 s level is above the 60 s one
+    disp = dispersion(run.counts)
+    # 36 identical counts then one 500 higher: the differences are 35 zeros and one 500, whose
+    # median absolute deviation is 0: one step is a change of level, not burstiness.
+    assert disp == 1.0
+    sizing = prefill_engines(
+        h200,
+        token_rate_s=rate * ISL,
+        mix=mix,
+        ttft_target_ms=settings.ttft_target_ms,
+        chunk_tokens=CHUNK,
+        scale=1.0,
+        quantile=settings.quantile,
+        max_utilisation=settings.prefill_max_utilisation,
+        max_engines=32,
+        dispersion=disp,
+    )
+    assert (steady_wish, sizing.engines) == (2, 3)  # pinned on the H200 profile
+    assert result.reason == SlaReason.SCALE_UP
+    assert result.replicas == {"prefill": sizing.engines}
+    roles = result.diagnostics["roles"]["prefill"]
+    assert (roles["wish"], roles["needed"], roles["reason"]) == (sizing.engines, sizing.engines, "scale_up")
+    assert result.diagnostics["demand"]["token_rate_s"] == round(rate * ISL, 1)
+    assert result.diagnostics["demand"]["dispersion"] == round(disp, 2)
+    # Never sized for 100%: at the chosen count each engine runs at most at the cap.
+    capacity = prefill_capacity_tokens_s(h200, chunk_tokens=CHUNK, scale=1.0)
+    assert sizing.utilisation == pytest.approx(rate * ISL / (sizing.engines * capacity), rel=1e-12)
+    assert sizing.utilisation <= settings.prefill_max_utilisation
+    assert roles["utilisation"] == round(sizing.utilisation, 3)
+    first = sizing.engines
+
+    # The second burst tick: 10 s of it in the level window; up again at once if that needs more.
+    result = run.tick(burst)
+    rate = level_rate(run.counts, settings)
+    assert rate == (2 * steady + 2 * burst) / 20.0
+    second = prefill_wish(h200, settings, rate * ISL, mix, dispersion(run.counts))
+    assert (first, second) == (3, 4)  # 45 req/s, then 70 req/s: pinned on the H200 profile
+    assert (result.replicas, result.reason) == ({"prefill": second}, SlaReason.SCALE_UP)
+
+
+# --- b. a scale-down during a decode drain --------------------------------------------------------
+
+
+def drain_batches(target: int) -> list[int]:
+    """What the decode engines hold: before any scale-down 4 engines with 22 requests each; once
+    the target went down, the drained engines' requests sit on the first engine (a large batch,
+    100, close to the batch limit of 108 at the ITL margin) and one more engine keeps 20."""
+    return [22] * 4 if target >= 4 else [100, 20]
+
+
+def test_b_decode_scale_down_waits_for_the_window_then_takes_its_highest_wish(h200: PerfModel) -> None:
+    settings = settings_for(h200, ("decode",))
+    high, low = 500.0, 150.0  # 100 req/s for a minute, then 30 req/s
+    limit = batch_limit(h200, settings, 1.0)
+    high_wish = decode_wish(h200, settings, high / TICK_S, 1.0)
+    low_wish = decode_wish(h200, settings, low / TICK_S, 1.0)
+    assert (limit, high_wish, low_wish) == (108, 4, 2)  # pinned on the H200 profile
+    run = Run(h200, settings, expected={"decode": high_wish})
+    wishes: list[tuple[float, int]] = []
+    first_s = TICK_S
+
+    def tick(num_req: float) -> tuple[SlaResult, int, int]:
+        before = run.expected["decode"]
+        result = run.tick(num_req, fpm=decode_fpm(h200, drain_batches(before)))
+        decode = result.diagnostics["roles"]["decode"]
+        wishes.append((run.now_s, decode["wish"]))
+        # The records' wall times are the profile's for their batch, large or not: the world is
+        # the profile, whatever the consolidation did to the latency users see.
+        assert run.state.scale["decode"] == 1.0
+        assert decode["batch_limit"] == limit
+        # The requests held never exceed the traffic's need here: the wish follows the traffic.
+        assert math.ceil(decode["held_now"] / limit) <= decode["wish"]
+        return result, before, decode["wish"]
+
+    for _ in range(12):  # t = 5 ... 60, identical ticks
+        result, _, _ = tick(high)
+        assert (result.replicas, result.reason) == ({"decode": high_wish}, SlaReason.NO_CHANGE)
+
+    reasons: list[tuple[float, SlaReason]] = []
+    while run.now_s < 800.0:
+        result, before, wish = tick(low)
+        now, target = run.now_s, result.replicas["decode"]  # type: ignore[index]
+        decode = result.diagnostics["roles"]["decode"]
+        reasons.append((now, result.reason))
+        if wish > before:  # up at once (a drop never gets here: see the next test)
+            assert (target, result.reason) == (wish, SlaReason.SCALE_UP)
+        elif wish == before:
+            assert (target, result.reason) == (before, SlaReason.NO_CHANGE)
+        elif now - first_s < settings.scale_down_window_s:
+            # Not a full window watched yet: whatever the wish, nothing goes down.
+            assert (target, result.reason) == (before, SlaReason.HOLD)
+            assert decode["hold"] == f"watched {now - first_s:.0f} s of the 300 s window"
+        else:
+            highest = max(w for t, w in wishes if t > now - settings.scale_down_window_s)
+            if highest < before:
+                assert (target, result.reason) == (highest, SlaReason.SCALE_DOWN)
+            else:
+                assert (target, result.reason) == (before, SlaReason.HOLD)
+                assert decode["hold"] == f"highest wish of the window is {highest}"
+
+    # Both holds happened: first for the watch, then for the window's highest wish.
+    assert any(r == SlaReason.HOLD and t < first_s + 300 for t, r in reasons)
+    assert any(r == SlaReason.HOLD and t >= first_s + 300 for t, r in reasons)
+    # The first scale-down comes exactly a window after the last tick that wished the count held.
+    held = max(r.replicas["decode"] for r in run.results)  # type: ignore[index]
+    first_down = next(t for t, r in reasons if r == SlaReason.SCALE_DOWN)
+    assert first_down == max(t for t, w in wishes if w >= held) + settings.scale_down_window_s
+    # Once the drop has left the lookback the dispersion is back to 1: the target is the low
+    # traffic's own count.
+    assert run.results[-1].diagnostics["demand"]["dispersion"] == 1.0
+    assert wishes[-1][1] == low_wish
+    assert run.expected == {"decode": low_wish}
+
+
+def test_b_a_traffic_drop_never_raises_the_decode_wish(h200: PerfModel) -> None:
+    settings = settings_for(h200, ("decode",))
+    high_wish = decode_wish(h200, settings, 100.0, 1.0)
+    run = Run(h200, settings, expected={"decode": high_wish})
+    for _ in range(12):
+        run.tick(500.0)
+    for _ in range(12):
+        result = run.tick(150.0)  # 100 req/s -> 30 req/s
+        assert result.diagnostics["roles"]["decode"]["wish"] <= high_wish
+
+
+def test_b_decode_scale_follows_slower_iterations_by_ewma(h200: PerfModel) -> None:
+    settings = settings_for(h200, ("decode",))
+    run = Run(h200, settings, expected={"decode": 2})
+    run.tick(150.0, fpm=decode_fpm(h200, [60, 60], ratio=1.0))
+    assert run.state.scale["decode"] == 1.0
+    scale = 1.0
+    for _ in range(6):
+        result = run.tick(150.0, fpm=decode_fpm(h200, [60, 60], ratio=1.2))
+        scale += settings.scale_smoothing * (1.2 - scale)
+        assert run.state.scale["decode"] == pytest.approx(scale, rel=1e-12)
+        assert result.diagnostics["scale"]["decode"] == round(run.state.scale["decode"], 4)
+        assert result.diagnostics["scale_samples"] == {"decode": 2}
+    # 1.0, then 1.06, 1.102, 1.1314, ...: towards 1.2, never past it.
+    assert scale == pytest.approx(1.2 - 0.2 * 0.7**6, rel=1e-12)
+    decode = result.diagnostics["roles"]["decode"]
+    assert decode["batch_limit"] == batch_limit(h200, settings, run.state.scale["decode"])
+    assert decode["batch_limit"] < batch_limit(h200, settings, 1.0)
+
+
+def test_b_scale_ratio_is_clamped_then_smoothed(h200: PerfModel) -> None:
+    settings = settings_for(h200, ("decode",))
+    low, high = settings.scale_bounds
+    run = Run(h200, settings, expected={"decode": 2})
+    run.tick(150.0, fpm=decode_fpm(h200, [60], ratio=10.0))  # 10× slower: clamped to 4
+    assert run.state.scale["decode"] == high
+    run.tick(150.0, fpm=decode_fpm(h200, [60], ratio=0.1))  # 10× faster: clamped to 0.5, smoothed
+    assert run.state.scale["decode"] == pytest.approx(
+        high + settings.scale_smoothing * (low - high), rel=1e-12
+    )
+
+
+def test_b_scale_takes_the_median_of_fresh_records_only(h200: PerfModel) -> None:
+    settings = settings_for(h200, ("decode",))
+    run = Run(h200, settings, expected={"decode": 2})
+    records = {
+        ("d0", 0): decode_record(h200, "d0", 60, 1.0),
+        ("d1", 0): decode_record(h200, "d1", 60, 1.2),
+        ("d2", 0): decode_record(h200, "d2", 60, 3.0),  # an outlier does not move the median
+    }
+    result = run.tick(150.0, fpm={"decode": records})
+    assert run.state.scale["decode"] == pytest.approx(1.2, rel=1e-12)
+    assert result.diagnostics["scale_samples"] == {"decode": 3}
+    # The same records again (no new iteration reported): nothing folded, the scale stays.
+    result = run.tick(150.0, fpm={"decode": records})
+    assert run.state.scale["decode"] == pytest.approx(1.2, rel=1e-12)
+    assert result.diagnostics["scale_samples"] == {"decode": 0}
+
+
+def test_prefill_scale_and_backlog_enter_the_prefill_wish(h200: PerfModel) -> None:
+    # A prefill world 1.5× slower than the profile, and 2.4 M prompt tokens queued: the queue
+    # must be cleared within the lead (the startup estimate, 120 s, nothing measured yet).
+    settings = settings_for(h200, ("prefill",))
+    run = Run(h200, settings, expected={"prefill": 1})
+    fpm = {"prefill": {("p0", 0): prefill_record(h200, "p0", ratio=1.5, queued_tokens=2_400_000)}}
+    result = run.tick(100.0, fpm=fpm)
+    assert run.state.scale["prefill"] == pytest.approx(1.5, rel=1e-12)
+    backlog = 2_400_000 / max(settings.startup_estimate_s, settings.level_window_s)
+    token_rate = 100.0 / TICK_S * ISL + backlog
+    expected = prefill_wish(
+        h200, settings, token_rate, LengthMix.uniform(ISL), 1.0, scale=run.state.scale["prefill"]
+    )
+    prefill = result.diagnostics["roles"]["prefill"]
+    assert prefill["backlog_tokens_s"] == round(backlog, 1) == 20_000.0
+    assert prefill["queued_tokens"] == 2_400_000
+    assert prefill["capacity_tokens_s"] == round(
+        prefill_capacity_tokens_s(h200, chunk_tokens=CHUNK, scale=run.state.scale["prefill"]), 1
+    )
+    assert result.replicas == {"prefill": expected}
+    # Without the queue and at the profile's speed, fewer engines would do.
+    assert prefill_wish(h200, settings, 100.0 / TICK_S * ISL, LengthMix.uniform(ISL), 1.0) < expected
+
+
+# --- c. a long-prompt mix -------------------------------------------------------------------------
+
+
+LONG_MIX: tuple[Bucket, ...] = ((1024.0, 97.0), (32768.0, 0.0), (65536.0, 3.0))
+
+
+def test_c_a_long_prompt_mix_needs_more_prefill_than_its_mean_suggests(h200: PerfModel) -> None:
+    # Same requests per second and same mean ISL (2000): the same prompt-token rate. One run has
+    # every prompt ~2000 tokens; in the other 97% are under 1024 and 3% between 32k and 64k.
+    settings = settings_for(h200, ("prefill",), ttft_target_ms=2000.0)
+    per_tick = 100.0  # 20 req/s, 40,000 prompt tokens/s
+
+    def final(buckets: tuple[Bucket, ...]) -> SlaResult:
+        run = Run(h200, settings, expected={"prefill": 1})
+        for _ in range(12):
+            result = run.tick(per_tick, buckets=buckets)
+        return result
+
+    uniform_result, mix_result = final(()), final(LONG_MIX)
+    token_rate = per_tick / TICK_S * ISL
+    mix = LengthMix.from_histogram(list(LONG_MIX), ISL, settings.quantile)
+    assert mix.mean == ISL
+    assert mix.quantile == pytest.approx(32768 + 32768 * 2 / 3, rel=1e-12)  # rank 99 of 100
+    uniform_engines = prefill_wish(h200, settings, token_rate, LengthMix.uniform(ISL), 1.0)
+    mix_engines = prefill_wish(h200, settings, token_rate, mix, 1.0)
+    assert (uniform_engines, mix_engines) == (1, 3)  # pinned on the H200 profile
+    assert uniform_result.replicas == {"prefill": uniform_engines}
+    assert mix_result.replicas == {"prefill": mix_engines}
+    assert (
+        uniform_result.diagnostics["demand"]["token_rate_s"]
+        == mix_result.diagnostics["demand"]["token_rate_s"]
+        == round(token_rate, 1)
+    )
+    assert mix_result.diagnostics["demand"]["isl_quantile"] == round(mix.quantile, 1)
+
+
+# --- d. diagnostics -------------------------------------------------------------------------------
+
+
+def test_d_every_tick_names_demand_wishes_reasons_scale_and_lead(h200: PerfModel) -> None:
+    settings = settings_for(h200, ("prefill", "decode"))
+    run = Run(h200, settings, expected={"prefill": 1, "decode": 1})
+    for i in range(8):
+        before = dict(run.expected)
+        result = run.tick(100.0, fpm=decode_fpm(h200, [50]) if i % 2 else None)
+        diag = result.diagnostics
+        assert result.replicas is not None
+        assert set(diag["demand"]) >= {"request_rate_s", "token_rate_s", "in_flight", "isl_mean", "osl_mean"}
+        assert diag["demand"]["request_rate_s"] == 20.0
+        assert diag["demand"]["token_rate_s"] == 40_000.0
+        assert (diag["demand"]["isl_mean"], diag["demand"]["osl_mean"]) == (ISL, OSL)
+        for role in ("prefill", "decode"):
+            assert diag["roles"][role]["wish"] == result.replicas[role]
+            assert diag["roles"][role]["needed"] == result.replicas[role]
+            expected_reason = "scale_up" if result.replicas[role] > before[role] else "no_change"
+            assert diag["roles"][role]["reason"] == expected_reason
+            assert f"{role} {before[role]}->{result.replicas[role]} ({expected_reason}" in result.detail
+        # The decode scale exists from the first record on (ticks 1, 3, ...), at the profile's 1.0.
+        assert diag["scale"] == ({"decode": 1.0} if i >= 1 else {})
+        assert diag["scale_samples"] == ({"decode": 1} if i % 2 else {})
+        # The first tick orders engines; this cluster has them ready by the next tick: a 5 s lead.
+        if i == 0:
+            assert result.reason == SlaReason.SCALE_UP
+            assert (diag["lead_s"], diag["lead_measured"]) == (settings.startup_estimate_s, False)
+        else:
+            assert result.reason == SlaReason.NO_CHANGE
+            assert (diag["lead_s"], diag["lead_measured"]) == (TICK_S, True)
+
+
+def test_d_no_traffic_and_no_model(h200: PerfModel) -> None:
+    settings = settings_for(h200, ("prefill", "decode"))
+    run = Run(h200, settings, expected={"prefill": 2, "decode": 2})
+    result = run.tick(None)  # the frontend gave nothing
+    assert (result.replicas, result.reason) == (None, SlaReason.NO_TRAFFIC_DATA)
+    assert "demand" not in result.diagnostics and "roles" not in result.diagnostics
+    assert result.diagnostics["lead_s"] == settings.startup_estimate_s
+    # Windows with no request at all are zero demand, not unknown: the wishes fall to the
+    # minimum (held here: a full window has not been watched yet).
+    for _ in range(12):
+        result = run.tick(0.0, isl=None, osl=None)
+    assert (result.replicas, result.reason) == ({"prefill": 2, "decode": 2}, SlaReason.HOLD)
+    roles = result.diagnostics["roles"]
+    assert (roles["prefill"]["wish"], roles["decode"]["wish"]) == (1, 1)
+
+    blind = Run(None, settings, expected={"prefill": 2, "decode": 2})
+    result = blind.tick(100.0)
+    assert (result.replicas, result.reason) == (None, SlaReason.MODEL_NOT_READY)
+    assert result.diagnostics["scale"] == {} and result.diagnostics["lead_s"] == settings.startup_estimate_s
+
+
+# --- e. the lead --------------------------------------------------------------------------------
+
+
+def test_e_lead_is_measured_from_order_to_ready(h200: PerfModel) -> None:
+    settings = settings_for(h200, ("prefill",))
+    need = prefill_wish(h200, settings, 100.0 / TICK_S * ISL, LengthMix.uniform(ISL), 1.0)
+    assert need == 2  # an order above the single engine running (pinned on the H200 profile)
+    run = Run(h200, settings, expected={"prefill": 1})
+    result = run.tick(100.0, ready={"prefill": 1})
+    ordered_s = run.now_s
+    assert (result.replicas, result.reason) == ({"prefill": need}, SlaReason.SCALE_UP)
+    assert run.state.orders == {"prefill": (ordered_s, need)}
+
+    # The engines come up after 45 s: until then the lead is the configured estimate.
+    startup_s = 45.0
+    while run.now_s < ordered_s + startup_s - TICK_S:
+        result = run.tick(100.0, ready={"prefill": 1})
+        assert (result.diagnostics["lead_s"], result.diagnostics["lead_measured"]) == (
+            settings.startup_estimate_s,
+            False,
+        )
+    result = run.tick(100.0, ready={"prefill": need})
+    assert run.now_s == ordered_s + startup_s
+    assert run.state.lead_s == startup_s
+    assert (result.diagnostics["lead_s"], result.diagnostics["lead_measured"]) == (startup_s, True)
+    assert run.state.orders == {}
+
+
+def test_e_an_order_cancelled_by_a_lower_expected_count_measures_nothing(h200: PerfModel) -> None:
+    settings = settings_for(h200, ("prefill",))
+    run = Run(h200, settings, expected={"prefill": 1})
+    run.tick(100.0, ready={"prefill": 1})
+    assert "prefill" in run.state.orders
+    # Someone (a pin, the budget) brought the count back to 1 before the engines came up.
+    run.expected = {"prefill": 1}
+    run.tick(100.0, ready={"prefill": 1}, follow=False)
+    assert run.state.lead_s is None
