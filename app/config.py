@@ -178,6 +178,15 @@ class DeploymentConfig(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _sla_scaling_sizes_prefill_and_decode(self) -> DeploymentConfig:
+        if self.scaling.algorithm == "sla" and "workers" in self.roles:
+            raise ValueError(
+                f"scaling.algorithm: sla sizes prefill and decode engines; mode {self.mode} "
+                "needs algorithm seed"
+            )
+        return self
+
     @property
     def roles(self) -> tuple[Role, ...]:
         return roles_for_mode(self.mode)

@@ -180,6 +180,18 @@ BAD_FILE_CASES = [
         ["deployments[0].load.sensitivity:", "less than or equal to 1"],
     ),
     BadFileCase(
+        "sla_scaling_in_agg_mode",
+        "SLA scaling sizes prefill and decode; aggregated workers keep the seed",
+        _mutated(lambda c: (_set("mode", "agg")(c), _set("scaling", {"algorithm": "sla"})(c))),
+        ["deployments[0]:", "scaling.algorithm: sla sizes prefill and decode engines; mode agg needs"],
+    ),
+    BadFileCase(
+        "sla_unknown_algorithm",
+        "algorithms are a closed set",
+        _mutated(_set("scaling", {"algorithm": "magic"})),
+        ["deployments[0].scaling.algorithm:", "'sla' or 'seed'"],
+    ),
+    BadFileCase(
         "not_utf8",
         "undecodable bytes are a bad file, not a traceback",
         b"deployments:\n  - name: \xff\xfe\n",
