@@ -122,6 +122,7 @@ class ScalingConfig(_Strict):
     decode_itl_margin: float = Field(default=0.95, gt=0, le=1)
     decode_peak_quantile: float = Field(default=0.999, gt=0, lt=1)
     level_window_s: float = Field(default=20.0, gt=0)
+    burst_window_s: float = Field(default=10.0, gt=0)
     trend_window_s: float = Field(default=60.0, gt=0)
     lookback_s: float = Field(default=300.0, gt=0)
     scale_down_window_s: float = Field(default=300.0, ge=0)

@@ -11,11 +11,12 @@ engine's latest forward pass (FPM) and the ready counts. Then, per role:
 2. **Lead** (`lead_s`): how long ordered engines took to become ready, measured from the planner's
    own scale-ups (EWMA); `startup_estimate_s` until it has measured one. The planner sizes for
    the traffic one lead ahead: engines ordered now serve no sooner.
-3. **Demand**: the request rate of the last `level_window_s` (20 s: it follows a burst within a
-   tick or two), or, where more, the smoother `trend_window_s` level raised by its forecast: its
-   growth over one lead in the traffic's own history (the `growth_quantile` of
-   level(t + lead) ÷ level(t) over `history_s`) and a ramp under way (the level's slope over
-   max(2 × trend window, lead), carried a lead ahead). The forecast only ever raises the demand.
+3. **Demand**: the request rate of the busiest `burst_window_s` (10 s) of the last
+   `level_window_s` (20 s): a burst longer than the TTFT target builds a queue whatever the
+   minute's mean, and the window follows it within a tick. Or, where more, the smoother
+   `trend_window_s` level raised by its forecast: its growth over one lead in the traffic's own
+   history (the `growth_quantile` of level(t + lead) ÷ level(t) over `history_s`) and a ramp
+   under way (the level's slope over max(2 × trend window, lead), carried a lead ahead). The forecast only ever raises the demand.
    Lengths are the trend window's means and the ISL histogram of the samples kept (`lookback_s`);
    burstiness is the index of dispersion of the per-tick request counts.
 4. **Wish**: engines for that demand (`app/core/capacity.py`): prefill for the TTFT target
@@ -78,6 +79,7 @@ class SlaSettings:
     decode_itl_margin: float = 0.95  # decode batches are sized for this share of the ITL target
     decode_peak_quantile: float = 0.999  # of the requests in flight, the count decode is sized for
     level_window_s: float = 20.0
+    burst_window_s: float = 10.0
     trend_window_s: float = 60.0
     lookback_s: float = 300.0
     scale_down_window_s: float = 300.0
@@ -317,8 +319,11 @@ def _demand(state: SlaState, now: float, lead_s: float, settings: SlaSettings) -
         isl = osl = 0.0  # no request at all: nothing to serve, not an unknown
     if d_smooth <= 0 or isl is None or osl is None:
         return None
-    d_level, n_level, _, _ = _rates([s for s in state.samples if s.end_s > now - settings.level_window_s])
-    level = n_level / d_level if d_level > 0 else 0.0
+    # The busiest `burst_window_s` of the level window: a burst longer than the TTFT target
+    # builds a queue whatever the minute's mean, so the level is the burst's rate.
+    level = _busiest(
+        [s for s in state.samples if s.end_s > now - settings.level_window_s], settings.burst_window_s
+    )
     trend = n_smooth / d_smooth
 
     def in_flight(rate: float) -> float:
@@ -372,6 +377,21 @@ def _slopes(
     t = points[:, 0] - points[:, 0].mean()
     denom = float((t * t).sum())
     return tuple(max(0.0, float((t * (points[:, k] - points[:, k].mean())).sum()) / denom) for k in (1, 2))  # type: ignore[return-value]
+
+
+def _busiest(items: list[TrafficSample], window_s: float) -> float:
+    """The highest request rate over any run of consecutive ticks spanning at least `window_s`
+    (all of them if they span less)."""
+    best = 0.0
+    for end in range(len(items)):
+        start, span = end, items[end].duration_s
+        while start > 0 and span < window_s:
+            start -= 1
+            span += items[start].duration_s
+        d, n, _, _ = _rates(items[start : end + 1])
+        if d > 0 and (span >= window_s or start == 0):
+            best = max(best, n / d)
+    return best
 
 
 def _dispersion(items: list[TrafficSample]) -> float:

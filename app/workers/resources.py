@@ -114,6 +114,7 @@ def make_sla_settings(deployment: DeploymentConfig, model: PerfModel | None) -> 
         decode_itl_margin=s.decode_itl_margin,
         decode_peak_quantile=s.decode_peak_quantile,
         level_window_s=s.level_window_s,
+        burst_window_s=s.burst_window_s,
         trend_window_s=s.trend_window_s,
         lookback_s=s.lookback_s,
         scale_down_window_s=s.scale_down_window_s,

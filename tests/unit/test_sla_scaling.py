@@ -136,8 +136,12 @@ def dispersion(counts: list[float]) -> float:
 
 
 def level_rate(counts: list[float], settings: SlaSettings) -> float:
-    """The rate sized for without a forecast: the level, or the smoother trend level if higher."""
-    return max(window_rate(counts, settings.level_window_s), window_rate(counts, settings.trend_window_s))
+    """The rate sized for without a forecast: the busiest `burst_window_s` of the level window
+    (5 s ticks: two consecutive ticks), or the smoother trend level if higher."""
+    recent = counts[-int(settings.level_window_s // TICK_S) :]
+    per = int(settings.burst_window_s // TICK_S)
+    busiest = max(sum(recent[i : i + per]) for i in range(len(recent) - per + 1)) / settings.burst_window_s
+    return max(busiest, window_rate(counts, settings.trend_window_s))
 
 
 def prefill_wish(
@@ -232,10 +236,10 @@ def test_a_burst_raises_prefill_on_the_very_next_tick(h200: PerfModel) -> None:
         assert (result.replicas, result.reason) == ({"prefill": steady_wish}, SlaReason.NO_CHANGE)
         assert result.diagnostics["demand"]["dispersion"] == 1.0  # identical ticks: Poisson at most
 
-    # The burst's first tick: the level window (20 s) now holds 5 s of it.
+    # The burst's first tick: the busiest 10 s of the level window now hold 5 s of it.
     result = run.tick(burst)
     rate = level_rate(run.counts, settings)
-    assert rate == (3 * steady + burst) / 20.0  # 45 req/s: the 20 s level is above the 60 s one
+    assert rate == (steady + burst) / 10.0  # 70 req/s: the busiest 10 s, above the 60 s level
     disp = dispersion(run.counts)
     # 36 identical counts then one 500 higher: the differences are 35 zeros and one 500, whose
     # median absolute deviation is 0: one step is a change of level, not burstiness.
@@ -252,7 +256,7 @@ def test_a_burst_raises_prefill_on_the_very_next_tick(h200: PerfModel) -> None:
         max_engines=32,
         dispersion=disp,
     )
-    assert (steady_wish, sizing.engines) == (2, 3)  # pinned on the H200 profile
+    assert (steady_wish, sizing.engines) == (2, 4)  # pinned on the H200 profile
     assert result.reason == SlaReason.SCALE_UP
     assert result.replicas == {"prefill": sizing.engines}
     roles = result.diagnostics["roles"]["prefill"]
@@ -269,9 +273,9 @@ def test_a_burst_raises_prefill_on_the_very_next_tick(h200: PerfModel) -> None:
     # The second burst tick: 10 s of it in the level window; up again at once if that needs more.
     result = run.tick(burst)
     rate = level_rate(run.counts, settings)
-    assert rate == (2 * steady + 2 * burst) / 20.0
+    assert rate == 2 * burst / 10.0
     second = prefill_wish(h200, settings, rate * ISL, mix, dispersion(run.counts))
-    assert (first, second) == (3, 4)  # 45 req/s, then 70 req/s: pinned on the H200 profile
+    assert (first, second) == (4, 6)  # 70 req/s, then 120 req/s: pinned on the H200 profile
     assert (result.replicas, result.reason) == ({"prefill": second}, SlaReason.SCALE_UP)
 
 

@@ -67,6 +67,7 @@ def test_deployment_choice(tmp_path: Path) -> None:
 def test_only_disaggregated_deployments_with_a_profile(tmp_path: Path) -> None:
     raw = _raw()
     raw["deployments"][0]["mode"] = "agg"
+    raw["deployments"][0]["scaling"] = {"algorithm": "seed"}  # SLA scaling refuses agg itself
     with pytest.raises(ConfigError, match="mode agg: the simulator models disaggregated serving only"):
         load_replay_config(_write(tmp_path, raw))
     raw = _raw()
