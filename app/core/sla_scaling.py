@@ -16,7 +16,8 @@ engine's latest forward pass (FPM) and the ready counts. Then, per role:
    minute's mean, and the window follows it within a tick. Or, where more, the smoother
    `trend_window_s` level raised by its forecast: its growth over one lead in the traffic's own
    history (the `growth_quantile` of level(t + lead) ÷ level(t) over `history_s`) and a ramp
-   under way (the level's slope over max(2 × trend window, lead), carried a lead ahead). The forecast only ever raises the demand.
+   under way (the level's slope over max(2 × trend window, lead), carried a lead ahead). The
+   forecast only ever raises the demand.
    Lengths are the trend window's means and the ISL histogram of the samples kept (`lookback_s`);
    burstiness is the index of dispersion of the per-tick request counts.
 4. **Wish**: engines for that demand (`app/core/capacity.py`): prefill for the TTFT target
@@ -376,7 +377,10 @@ def _slopes(
         return 0.0, 0.0
     t = points[:, 0] - points[:, 0].mean()
     denom = float((t * t).sum())
-    return tuple(max(0.0, float((t * (points[:, k] - points[:, k].mean())).sum()) / denom) for k in (1, 2))  # type: ignore[return-value]
+    tokens, flight = (
+        max(0.0, float((t * (points[:, k] - points[:, k].mean())).sum()) / denom) for k in (1, 2)
+    )
+    return tokens, flight
 
 
 def _busiest(items: list[TrafficSample], window_s: float) -> float:
