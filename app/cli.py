@@ -134,7 +134,8 @@ def _modes(text: str) -> tuple[str, ...]:
 
 
 MODES_HELP = (
-    "the planner's scaling modes for this run: load,throughput | load | throughput (default: the file's)"
+    "the seed algorithm's modes for this run: load,throughput | load | throughput (default: the file's); "
+    "replay: with --policy seed; demo: runs the seed instead of SLA scaling"
 )
 
 

@@ -4,8 +4,8 @@
     bootstrapped from the bundled H200 profile and fed 64 iteration records per tick (one per
     engine), then `load_step` estimates every engine and decides. Timed with
     `time.perf_counter` over `--ticks` ticks (median and p99), training included.
-(b) `planner replay` on the Azure conversation trace at 30x (580,980 requests) with
-    load+throughput, load only and throughput only, at start-up delays 30 and 120 s and truth
+(b) `planner replay --policy seed` on the Azure conversation trace at 30x (580,980 requests)
+    with the seed's load+throughput, load only and throughput only, at start-up delays 30 and 120 s and truth
     scales 1.0 and 1.2 (settings of examples/replay.yaml otherwise): SLO attainment, GPU-hours,
     GPU-hours over the oracle, scaling actions.
 
@@ -117,7 +117,7 @@ def replay_cell(delay_s: float, truth_scale: float) -> list[dict]:
     for label, modes in MODES.items():
         config = with_overrides(base, modes=modes)
         mode_world = type(world)(config, world.requests, world.model, world.truth, world.oracle)
-        s = summarize(run_policy(mode_world, make_policy("planner", mode_world), trace_name="azure-conv-x30"))
+        s = summarize(run_policy(mode_world, make_policy("seed", mode_world), trace_name="azure-conv-x30"))
         rows.append(
             {
                 "modes": label,
@@ -153,7 +153,7 @@ def main() -> int:
         cells = [(d, t) for d in DELAYS_S for t in TRUTH_SCALES]
         with ProcessPoolExecutor(max_workers=args.workers) as pool:
             rows = [row for f in [pool.submit(replay_cell, *c) for c in cells] for row in f.result()]
-        print("\n## planner replay, Azure conversation trace x30, per scaling mode\n")
+        print("\n## planner replay --policy seed, Azure conversation trace x30, per scaling mode\n")
         print(
             "| modes | delay | truth | SLO attainment | TTFT ok | ITL ok | GPU-hours | ÷ oracle | actions |"
         )

@@ -153,6 +153,8 @@ def with_overrides(
             )
         deployment_update["throughput"] = d.throughput.model_copy(update={"enabled": "throughput" in modes})
         deployment_update["load"] = d.load.model_copy(update={"enabled": "load" in modes})
+        # The modes are the seed's: asking for them is asking for the seed.
+        deployment_update["scaling"] = d.scaling.model_copy(update={"algorithm": "seed"})
     for role, gpus in (("prefill", prefill_gpus), ("decode", decode_gpus)):
         if gpus is not None:
             deployment_update[role] = d.role(role).model_copy(update={"gpus_per_engine": gpus})  # type: ignore[arg-type]

@@ -207,6 +207,8 @@ def run_command(args: Any) -> int:
     from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
     from app.sim.outputs import summarize, write_outputs
 
+    if args.modes is not None and args.policy != "seed":
+        raise ConfigError(f"--modes: the seed's modes; use them with --policy seed, not {args.policy}")
     config = load_replay_config(args.config or DEFAULT_REPLAY_CONFIG, args.deployment)
     config = with_overrides(
         config,
@@ -234,7 +236,11 @@ def run_command(args: Any) -> int:
         "deployment": config.deployment.name,
         "trace": str(trace),
         "policy": args.policy,
-        "modes": [m for m in ("load", "throughput") if getattr(config.deployment, m).enabled],
+        "modes": (
+            [m for m in ("load", "throughput") if getattr(config.deployment, m).enabled]
+            if args.policy == "seed"
+            else []
+        ),
         "rate_scale": config.simulation.rate_scale,
         "seed": config.simulation.seed,
         "profile": config.deployment.profile,

@@ -76,7 +76,7 @@ def test_flags_reach_the_run(tmp_path: Path) -> None:
     trace = _slice(tmp_path, 100)
     out = tmp_path / "out"
     run = replay(
-        "--trace", str(trace), "--policy", "static", "--truth-scale", "1.2", "--itl-ms", "40",
+        "--trace", str(trace), "--policy", "seed", "--truth-scale", "1.2", "--itl-ms", "40",
         "--prefill-gpus", "2", "--seed", "3", "--modes", "throughput", "--out", str(out),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
@@ -98,6 +98,7 @@ def test_flags_reach_the_run(tmp_path: Path) -> None:
         ("good", ["--trace", "{trace}", "--truth-scale", "0"], "--truth-scale: must be a number > 0"),
         ("good", ["--trace", "{trace}", "--policy", "magic"], "--policy: invalid choice: 'magic'"),
         ("good", ["--trace", "{trace}", "--modes", "load,fast"], "--modes: expected load,throughput"),
+        ("good", ["--trace", "{trace}", "--modes", "load"], "--modes: the seed's modes; use them with --policy seed"),
         ("good", ["--trace", "{trace}", "--config", "nope.yaml"], "nope.yaml: replay file not found"),
         ("good", ["--trace", "{trace}", "--profile", "/nonexistent"], "profile: "),
         (
