@@ -219,6 +219,14 @@ class PlannerMetrics:
             ["deployment", "model", "term"],
             registry=r,
         )
+        # SLA scaling: the engines each role's demand needs (its wish, before the scale-down
+        # stabilisation, the bounds of an override and the GPU budget).
+        self.sla_wish = Gauge(
+            "dynamo_planner_sla_wish_replicas",
+            "Engines SLA scaling's last step found the role needs",
+            ["deployment", "role"],
+            registry=r,
+        )
         # The labelled children set for each deployment by its last load step, so the next step
         # removes what it does not set again (departed engines disappear, rather than freeze at
         # their last value). Only this deployment's children: one registry serves all deployments.
@@ -325,6 +333,15 @@ class PlannerMetrics:
         for gauge, labels, value in values:
             gauge.labels(*labels).set(value)
         self._load_children[deployment] = [(gauge, labels) for gauge, labels, _ in values]
+
+    def observe_sla(self, deployment: str, sla: Mapping[str, Any] | None) -> None:
+        """Export one SLA step's wishes (`record["sla"]["roles"][role]["wish"]`). A step without
+        a wish (no traffic data, no model) leaves the last one: unknown is not zero."""
+        roles = (sla or {}).get("roles")
+        for role, section in roles.items() if isinstance(roles, Mapping) else ():
+            wish = _number(section.get("wish")) if isinstance(section, Mapping) else None
+            if wish is not None:
+                self.sla_wish.labels(deployment, str(role)).set(wish)
 
     def observe_decision(self, deployment: str, replicas: dict[str, int], status: str) -> None:
         for role, count in replicas.items():

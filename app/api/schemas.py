@@ -44,7 +44,7 @@ class DecisionOut(BaseModel):
     num_prefill: int | None
     num_decode: int | None
     num_workers: int | None
-    source: Literal["throughput", "load", "override"]
+    source: Literal["throughput", "load", "sla", "override"]
     reasons: list[str]
     created_at: datetime
     status: Literal["pending", "succeeded", "failed", "superseded", "expired"]

@@ -198,7 +198,8 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
     wish, role_diag = _wishes(model, demand, inp, state, settings, lead_s)
     diagnostics["roles"] = role_diag
     state.wishes.append((now, wish))
-    while state.wishes and state.wishes[0][0] <= now - settings.scale_down_window_s:
+    # Strictly older than the window: with a window of 0 the current wish stays in it.
+    while state.wishes and state.wishes[0][0] < now - settings.scale_down_window_s:
         state.wishes.popleft()
     watched_s = now - state.first_s
     target: dict[Role, int] = {}

@@ -1,10 +1,15 @@
 """One worker loop per deployment: every tick, observe -> predict -> decide -> persist -> actuate.
 
 `run_tick` gathers what the core needs (the traffic of the last interval, the forecast, ready
-counts) and calls `tick`, a plain synchronous function of `now` and those inputs, so tests call
-it directly; `run` only schedules it on the injected clock, after the deployment's source answers
-and its connector validates it (no fixed sleep). Several planner processes may share a database:
-a lease in the deployment's state row makes sure only one of them ticks a given deployment.
+counts, the engines' forward passes) and calls `tick`, a plain synchronous function of `now` and
+those inputs, so tests call it directly; `run` only schedules it on the injected clock, after the
+deployment's source answers and its connector validates it (no fixed sleep). Several planner
+processes may share a database: a lease in the deployment's state row makes sure only one of
+them ticks a given deployment.
+
+With `scaling.algorithm: sla`, SLA scaling (app/core/sla_scaling.py) decides alone at every tick
+(`scaling.interval_s`) and the seed's throughput and load steps do not run: two algorithms
+proposing in turn would undo each other's targets.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import math
 import os
 import socket
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,9 +34,10 @@ from app.core.cadence import Cadence, Due
 from app.core.errors import ConnectorError, ConnectorNotReadyError, SourceUnavailableError
 from app.core.fpm import ForwardPassMetrics
 from app.core.load import LoadInput, LoadTick, PendingTarget
+from app.core.sla_scaling import SlaInput, SlaState, SlaTick, TrafficSample
 from app.core.throughput import ThroughputInput
 from app.core.tick import on_tick
-from app.core.types import DecisionStatus, DecisionView, Replicas, Role, TickSnapshot
+from app.core.types import DecisionStatus, DecisionView, Replicas, Role, TickSnapshot, TrafficObservation
 from app.metrics import PlannerMetrics
 from app.sources.fpm import FpmSubscriber
 from app.sources.fpm import as_json as fpm_as_json
@@ -41,7 +47,7 @@ from app.store import ticks as tick_store
 from app.store.models import Decision
 from app.store.overrides import active_overrides
 from app.workers.clock import Clock
-from app.workers.resources import ModelResources
+from app.workers.resources import ModelResources, make_sla_settings
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +64,31 @@ def process_identity() -> str:
 
 
 @dataclass(frozen=True)
-class LoadObservation:
-    """What load scaling saw this tick: the latest FPM per engine per role, the ready counts, and
-    the subscribers' counters (malformed, dropped, expired engines) for the tick record."""
+class EngineObservation:
+    """What the engines looked like this tick (load and SLA scaling read it): the latest FPM per
+    engine per role, the ready counts, and the subscribers' counters (malformed, dropped, expired
+    engines) for the tick record."""
 
     fpm: dict[Role, dict]
     ready: dict[Role, int]
     sources: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SlaObservation:
+    """What SLA scaling saw this tick: the frontend's traffic since the previous tick (None when
+    the source could not say, with its reason) and the engines."""
+
+    traffic: TrafficSample | None
+    observation: TrafficObservation | None
+    traffic_error: str | None
+    engines: EngineObservation
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "observed": asdict(self.observation) if self.observation is not None else None,
+            "error": self.traffic_error,
+        }
 
 
 @dataclass(frozen=True)
@@ -99,6 +123,12 @@ class DeploymentWorker:
         self._cadence: Cadence | None = None
         # Both modes on: the floor of the last throughput step, for the load ticks in between.
         self._floor: Replicas | None = None
+        # SLA scaling (None: the seed's modes decide) and its memory between ticks: the traffic
+        # samples, wishes, measured scales and scaling latency it learns from. One per worker.
+        self._sla_settings = (
+            make_sla_settings(config, self.resources.model) if config.scaling.algorithm == "sla" else None
+        )
+        self.sla_state = SlaState()
         self.gpus_per_engine: dict[Role, int] = {r: config.role(r).gpus_per_engine for r in config.roles}
         # Empty once the source answers and the connector validated the deployment.
         self.startup_problems: list[str] = []
@@ -124,7 +154,11 @@ class DeploymentWorker:
         return self.config.tick_interval_s
 
     def tick(
-        self, now: datetime, throughput: ThroughputInput | None = None, load: LoadObservation | None = None
+        self,
+        now: datetime,
+        throughput: ThroughputInput | None = None,
+        load: EngineObservation | None = None,
+        sla: SlaObservation | None = None,
     ) -> TickReport | None:
         """Decide and persist one tick at `now` from inputs already gathered; None when another
         process holds this deployment's lease."""
@@ -155,13 +189,18 @@ class DeploymentWorker:
                 budget_gpus=self.config.gpu_budget,
                 load=self._load_tick(load, latest_view, now) if load is not None else None,
                 load_enabled=self.config.load.enabled,
+                sla=self._sla_tick(sla, latest_view, now) if sla is not None else None,
             )
             result = on_tick(snapshot, now)
             if result.throughput_floor is not None:
                 self._floor = result.throughput_floor
             record = dict(result.diagnostics)
-            if load is not None:
-                record["fpm"] = load.sources
+            engines = load if load is not None else sla.engines if sla is not None else None
+            if engines is not None:
+                record["fpm"] = engines.sources
+            if sla is not None:
+                # The throughput step records what it observed; SLA scaling's diagnostics do not.
+                record["traffic"] = sla.as_json()
             record["expired_decision_id"] = expired.decision_id if expired else None
             tick = tick_store.add_tick(session, deployment=name, at=now, record=record)
 
@@ -195,34 +234,43 @@ class DeploymentWorker:
         self._metrics.ticks.labels(name).inc()
         self._metrics.observe_throughput(name, record.get("throughput"))
         self._metrics.observe_load(name, record.get("load"), load_enabled=self.config.load.enabled)
-        throughput_state = record.get("throughput")
-        throughput_note = (
-            f"throughput {throughput_state['reason']}: {throughput_state['detail']}"
-            if throughput_state
-            else "throughput off"
-        )
-        load_state = record.get("load")
-        load_note = f"load {load_state['reason']}: {load_state['detail']}" if load_state else "load off"
-        summary = (
-            f"[{name}] tick {tick.id}: target {result.target}; {throughput_note}; {load_note}; {verdict}"
-        )
+        self._metrics.observe_sla(name, record.get("sla"))
+        sla_state = record.get("sla")
+        if sla_state:
+            notes = f"sla {sla_state['reason']}: {sla_state['detail']}"
+        else:
+            throughput_state = record.get("throughput")
+            throughput_note = (
+                f"throughput {throughput_state['reason']}: {throughput_state['detail']}"
+                if throughput_state
+                else "throughput off"
+            )
+            load_state = record.get("load")
+            load_note = f"load {load_state['reason']}: {load_state['detail']}" if load_state else "load off"
+            notes = f"{throughput_note}; {load_note}"
+        summary = f"[{name}] tick {tick.id}: target {result.target}; {notes}; {verdict}"
         log.info(summary)
         pending = decision or (
             latest if latest is not None and latest.status == DecisionStatus.PENDING else None
         )
         return TickReport(tick.id, decision, pending, summary)
 
+    async def _observe_traffic(self, interval_s: float) -> tuple[TrafficObservation | None, str | None]:
+        """The traffic of the last `interval_s`, or why it is unknown (also kept in
+        `source_error` for /readyz until an observation succeeds)."""
+        if self.source is None:
+            return None, "no traffic source configured (sources.prometheus or sources.frontend_url)"
+        observation, error = None, None
+        try:
+            observation = await self.source.observe(interval_s)
+        except SourceUnavailableError as exc:
+            error = str(exc)
+        self.source_error = error
+        return observation, error
+
     async def gather_throughput(self) -> ThroughputInput:
         """Observe the last interval, feed the predictors, forecast the next one."""
-        observation, error = None, None
-        if self.source is None:
-            error = "no traffic source configured (sources.prometheus or sources.frontend_url)"
-        else:
-            try:
-                observation = await self.source.observe(self.config.throughput.interval_s)
-            except SourceUnavailableError as exc:
-                error = str(exc)
-            self.source_error = error
+        observation, error = await self._observe_traffic(self.config.throughput.interval_s)
         predictor = self.resources.predictor
         forecast = None
         if observation is not None and predictor is not None:
@@ -261,7 +309,7 @@ class DeploymentWorker:
 
         return await asyncio.to_thread(read)
 
-    def _load_tick(self, load: LoadObservation, latest: DecisionView | None, now: datetime) -> LoadTick:
+    def _load_tick(self, load: EngineObservation, latest: DecisionView | None, now: datetime) -> LoadTick:
         models, settings = self.resources.load_models, self.resources.load_settings
         assert models is not None and settings is not None, "load scaling without its models"
         in_force = latest is not None and latest.status in (DecisionStatus.PENDING, DecisionStatus.SUCCEEDED)
@@ -275,9 +323,48 @@ class DeploymentWorker:
         )
         return LoadTick(models, load_input, settings)
 
-    async def gather_load(self) -> LoadObservation:
+    async def gather_load(self) -> EngineObservation:
         """Train the regressions on every iteration record since the last load tick; the latest
         record per engine, and the ready counts to reconcile them with."""
+        return await self._gather_engines(train=True)
+
+    async def gather_sla(self, now: datetime) -> SlaObservation:
+        """SLA scaling's input: the traffic since the previous tick (a sample ending `now`; None
+        when the source failed or does not know the request count), the latest forward pass per
+        engine (nothing is trained: SLA scaling reads iterations, it fits no regression) and the
+        ready counts."""
+        observation, error = await self._observe_traffic(self.interval_s)
+        traffic = None
+        if observation is not None and observation.num_req is not None:
+            traffic = TrafficSample(
+                end_s=now.timestamp(),
+                duration_s=observation.duration_s,
+                num_req=observation.num_req,
+                isl=observation.isl,
+                osl=observation.osl,
+                isl_buckets=observation.isl_buckets,
+            )
+        elif observation is not None:
+            error = "the source does not know the request count"
+        return SlaObservation(traffic, observation, error, await self._gather_engines(train=False))
+
+    def _sla_tick(self, sla: SlaObservation, latest: DecisionView | None, now: datetime) -> SlaTick:
+        assert self._sla_settings is not None, "SLA scaling without its settings"
+        ready = sla.engines.ready
+        in_force = latest is not None and latest.status in (DecisionStatus.PENDING, DecisionStatus.SUCCEEDED)
+        # What was last ordered, engines still starting included: SLA scaling compares its wish
+        # with it, and measures its scaling latency by how long the ready counts take to reach it.
+        expected = (
+            {role: latest.replicas.get(role, ready[role]) for role in self.config.roles}  # type: ignore[union-attr]
+            if in_force
+            else dict(ready)
+        )
+        sla_input = SlaInput(
+            now_s=now.timestamp(), traffic=sla.traffic, fpm=sla.engines.fpm, ready=ready, expected=expected
+        )
+        return SlaTick(self.resources.model, self.sla_state, sla_input, self._sla_settings)
+
+    async def _gather_engines(self, *, train: bool) -> EngineObservation:
         trained: dict[Role, list[ForwardPassMetrics]] = {}
         fpm: dict[Role, dict] = {}
         sources: dict[str, Any] = {}
@@ -286,18 +373,20 @@ class DeploymentWorker:
             if subscriber is None:
                 fpm[role] = {}
                 continue
+            # Taken even when nothing trains on them (SLA scaling), so the subscriber's buffer
+            # does not fill up and count them as overflow.
             trained[role] = subscriber.new_trainable_records()
             snapshot = subscriber.snapshot()
             fpm[role] = snapshot.records()
             sources[role] = fpm_as_json(snapshot)
         models = self.resources.load_models
-        if models is not None:
+        if train and models is not None:
             await asyncio.to_thread(models.observe_many, trained)
         counts = await self._ready_counts()
         # Without an inventory (no connector report, no acknowledged decision yet), the engines
         # that report FPM are the inventory.
         ready = {role: (counts or {}).get(role, len({w for w, _ in fpm[role]})) for role in self.config.roles}
-        return LoadObservation(fpm=fpm, ready=ready, sources=sources)
+        return EngineObservation(fpm=fpm, ready=ready, sources=sources)
 
     def _due(self, now: datetime) -> Due:
         """Which modes run at `now`: both at the first tick, then each on its own interval."""
@@ -316,10 +405,15 @@ class DeploymentWorker:
         return due
 
     async def run_tick(self, now: datetime) -> TickReport | None:
-        due = self._due(now)
-        throughput = await self.gather_throughput() if due.throughput else None
-        load = await self.gather_load() if due.load and self.resources.load_models is not None else None
-        report = await asyncio.to_thread(self.tick, now, throughput, load)
+        if self._sla_settings is not None:
+            # SLA scaling decides alone, every tick: the seed's steps must not run beside it.
+            sla = await self.gather_sla(now)
+            report = await asyncio.to_thread(self.tick, now, None, None, sla)
+        else:
+            due = self._due(now)
+            throughput = await self.gather_throughput() if due.throughput else None
+            load = await self.gather_load() if due.load and self.resources.load_models is not None else None
+            report = await asyncio.to_thread(self.tick, now, throughput, load)
         if report is not None and report.pending is not None:
             # Also a pending decision from an earlier tick or a pin (the cluster was not Ready).
             self.actuate(report.pending)

@@ -173,9 +173,10 @@ def make_source(
 def make_fpm_subscribers(
     deployment: DeploymentConfig, *, monotonic: Callable[[], float] | None = None
 ) -> dict[Role, FpmSubscriber]:
-    """One ForwardPassMetrics subscriber per role with endpoints, when load scaling is on (not
-    started: the worker starts and stops them). `monotonic` as for `make_source`."""
-    if not deployment.load.enabled:
+    """One ForwardPassMetrics subscriber per role with endpoints, when load scaling is on or SLA
+    scaling decides (it reads the engines' queues and speed), not started: the worker starts and
+    stops them. `monotonic` as for `make_source`."""
+    if not deployment.load.enabled and deployment.scaling.algorithm != "sla":
         return {}
     return {
         role: FpmSubscriber(

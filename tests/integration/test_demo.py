@@ -304,17 +304,25 @@ def test_demo_scales_the_simulated_cluster_over_http_and_zmq(
         acks = planner.get("/metrics").text
     assert max(d["num_prefill"] for d in decisions) >= 2, f"never scaled prefill up: {decisions}"
     assert [d["id"] for d in decisions] == list(range(1, len(decisions) + 1))
-    for d in decisions:
-        assert d["status"] == "succeeded", d
+    # examples/replay.yaml asks for SLA scaling, which supersedes a decision whose engines are
+    # still starting when its wish changes (the orchestrator applies the newest one at once, and
+    # may never see one superseded between two of its long-polls). Every other decision is
+    # acknowledged with the replicas it asked for, the last one included.
+    assert all(d["source"] == "sla" for d in decisions), decisions
+    assert all(d["status"] in ("succeeded", "superseded") for d in decisions), decisions
+    succeeded = [d for d in decisions if d["status"] == "succeeded"]
+    assert succeeded[-1] == decisions[-1]
+    for d in succeeded:
         assert d["observed"] == replicas(d), d
         assert d["message"].startswith("planner demo:"), d
-    assert state["decisions_applied"] == state["acks"] == len(decisions)
+    assert state["acks"] == len(succeeded)
+    assert len(succeeded) <= state["decisions_applied"] <= len(decisions)
     assert state["last_acked"] == {"id": decisions[-1]["id"], "replicas": replicas(decisions[-1])}
     assert state["ready"] == state["targets"] == replicas(decisions[-1])
     assert state["requests"]["completed"] == state["requests"]["total"] == len(trace.read_text().splitlines())
     assert state["fpm"]["sent"] > 0
     assert (
-        f'dynamo_planner_decision_acks_total{{deployment="replay",outcome="accepted"}} {len(decisions)}.0'
+        f'dynamo_planner_decision_acks_total{{deployment="replay",outcome="accepted"}} {len(succeeded)}.0'
         in acks
     )
 

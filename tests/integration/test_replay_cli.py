@@ -98,7 +98,11 @@ def test_flags_reach_the_run(tmp_path: Path) -> None:
         ("good", ["--trace", "{trace}", "--truth-scale", "0"], "--truth-scale: must be a number > 0"),
         ("good", ["--trace", "{trace}", "--policy", "magic"], "--policy: invalid choice: 'magic'"),
         ("good", ["--trace", "{trace}", "--modes", "load,fast"], "--modes: expected load,throughput"),
-        ("good", ["--trace", "{trace}", "--modes", "load"], "--modes: the seed's modes; use them with --policy seed"),
+        (
+            "good",
+            ["--trace", "{trace}", "--modes", "load"],
+            "--modes: the seed's modes; use them with --policy seed",
+        ),
         ("good", ["--trace", "{trace}", "--config", "nope.yaml"], "nope.yaml: replay file not found"),
         ("good", ["--trace", "{trace}", "--profile", "/nonexistent"], "profile: "),
         (

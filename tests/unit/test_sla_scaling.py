@@ -332,7 +332,7 @@ def test_b_decode_scale_down_waits_for_the_window_then_takes_its_highest_wish(h2
             assert (target, result.reason) == (before, SlaReason.HOLD)
             assert decode["hold"] == f"watched {now - first_s:.0f} s of the 300 s window"
         else:
-            highest = max(w for t, w in wishes if t > now - settings.scale_down_window_s)
+            highest = max(w for t, w in wishes if t >= now - settings.scale_down_window_s)
             if highest < before:
                 assert (target, result.reason) == (highest, SlaReason.SCALE_DOWN)
             else:
@@ -342,10 +342,11 @@ def test_b_decode_scale_down_waits_for_the_window_then_takes_its_highest_wish(h2
     # Both holds happened: first for the watch, then for the window's highest wish.
     assert any(r == SlaReason.HOLD and t < first_s + 300 for t, r in reasons)
     assert any(r == SlaReason.HOLD and t >= first_s + 300 for t, r in reasons)
-    # The first scale-down comes exactly a window after the last tick that wished the count held.
+    # The first scale-down comes one tick after the last tick that wished the count held has
+    # become older than the window (a wish exactly one window old still counts).
     held = max(r.replicas["decode"] for r in run.results)  # type: ignore[index]
     first_down = next(t for t, r in reasons if r == SlaReason.SCALE_DOWN)
-    assert first_down == max(t for t, w in wishes if w >= held) + settings.scale_down_window_s
+    assert first_down == max(t for t, w in wishes if w >= held) + settings.scale_down_window_s + TICK_S
     # Once the drop has left the lookback the dispersion is back to 1: the target is the low
     # traffic's own count.
     assert run.results[-1].diagnostics["demand"]["dispersion"] == 1.0

@@ -1,0 +1,166 @@
+"""SLA scaling in `planner serve`'s worker: a deployment with `scaling: {algorithm: sla}` is
+decided by SLA scaling alone, from real inputs: the frontend's `/metrics` (the simulator's
+counters, scraped over HTTP by the direct-scrape source), stand-in engines publishing
+ForwardPassMetrics over ZMQ on loopback (separate processes), and the store on SQLite and on
+PostgreSQL. The seed's throughput and load steps must not run beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import pytest
+
+from app.core.capacity import LengthMix, prefill_engines
+from app.sim.frontend import FrontendCounters
+from app.sources.frontend_scrape import FrontendScrapeSource
+from app.workers.resources import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from tests.integration.test_fpm_zmq import WAIT_S, spawn  # noqa: F401  (fixture)
+from tests.support import REPO_ROOT, demo_config
+from tests.support_frontend import Canned, StandInServer
+
+pytestmark = pytest.mark.anyio
+
+H200 = str(REPO_ROOT / "data" / "profiles" / "h200-llama3.1-8b-fp8")
+TICK_S = 5.0  # scaling.interval_s
+TTFT_MS = 500.0
+# Per tick: enough prompt tokens that one prefill engine cannot meet the TTFT target.
+REQUESTS, ISL, OSL = 300, 3000, 200
+
+
+async def diagnostics(api) -> list[dict[str, Any]]:
+    return (await api.client.get("/diagnostics", params={"deployment": "demo"})).json()["items"]
+
+
+def serve(counters: FrontendCounters, frontend: StandInServer, n: int) -> None:
+    """`n` requests of ISL/OSL tokens completed, and `/metrics` now says so."""
+    for _ in range(n):
+        counters.on_arrival()
+        counters.on_first_token(0.2)
+        counters.on_complete(ISL, OSL, 0.02, 4.2)
+    frontend.answer = Canned(body=counters.render_prometheus().encode())
+
+
+@pytest.mark.timeout(60)
+async def test_sla_scaling_decides_alone_from_traffic_and_engines(make_api, spawn) -> None:  # noqa: F811
+    prefill_engine = spawn("prefill-a", "--mode", "heartbeats")
+    decode_engine = spawn("decode-a", "--mode", "heartbeats")
+    counters = FrontendCounters(model="llama")
+    with StandInServer() as frontend:
+        frontend.answer = Canned(body=counters.render_prometheus().encode())
+        api = await make_api(
+            demo_config(
+                profile=H200,
+                sla={"ttft_ms": TTFT_MS, "itl_ms": 50},
+                scaling={"algorithm": "sla", "interval_s": TICK_S},
+                sources={
+                    "frontend_url": frontend.url,
+                    "fpm_endpoints": {
+                        "prefill": [prefill_engine.endpoint],
+                        "decode": [decode_engine.endpoint],
+                    },
+                },
+            )
+        )
+        worker = api.app.state.workers["demo"]
+        assert worker.interval_s == TICK_S
+        # The real scrape source, measuring its intervals on the test's clock (as `planner serve`
+        # measures them on its scaled clock), so a tick's traffic lasts exactly TICK_S.
+        worker.source = FrontendScrapeSource(frontend.url, monotonic=lambda: api.clock.now().timestamp())
+        # SLA scaling reads the engines even though load scaling is off.
+        assert set(worker.fpm) == {"prefill", "decode"}
+        for subscriber in worker.fpm.values():
+            subscriber.start()
+        try:
+            deadline = time.monotonic() + WAIT_S
+            while not all(len(s.snapshot().engines) == 1 for s in worker.fpm.values()):
+                assert time.monotonic() < deadline, "the engines never reported"
+                await asyncio.sleep(0.05)
+            await worker.wait_until_ready()  # the start-up check takes the first scrape
+
+            api.clock.advance(TICK_S)
+            serve(counters, frontend, REQUESTS)
+            first = await worker.run_tick(api.clock.now())
+            api.clock.advance(TICK_S)
+            serve(counters, frontend, REQUESTS)  # the same traffic again
+            second = await worker.run_tick(api.clock.now())
+        finally:
+            for subscriber in worker.fpm.values():
+                await asyncio.to_thread(subscriber.stop)
+
+    records = [item["record"] for item in await diagnostics(api)]
+    assert len(records) == 2
+    record = records[0]
+    # SLA scaling alone decided; the seed's steps did not run.
+    assert (record["throughput"], record["load"]) == (None, None)
+    sla = record["sla"]
+    assert sla["reason"] == "scale_up"
+    observed = record["traffic"]["observed"]
+    assert (observed["duration_s"], observed["num_req"], observed["isl"], observed["osl"]) == (
+        TICK_S,
+        REQUESTS,
+        ISL,
+        OSL,
+    )
+    # The engines' heartbeats are their latest forward passes: nothing queued, no iteration to
+    # measure the world's speed by (scale 1), and without an acknowledged decision they are the
+    # ready counts (one engine per role).
+    assert record["fpm"]["prefill"]["engines"][0]["worker_id"] == "prefill-a"
+    assert sla["scale"] == {}
+    assert sla["roles"]["prefill"]["queued_tokens"] == 0
+    # The exact count the capacity formula gives for what was observed: one tick's prompt tokens
+    # per second, lengths as their mean (the scrape source has no ISL histogram), Poisson.
+    expected = prefill_engines(
+        worker.resources.model,
+        token_rate_s=observed["num_req"] / observed["duration_s"] * observed["isl"],
+        mix=LengthMix.uniform(observed["isl"]),
+        ttft_target_ms=TTFT_MS,
+        chunk_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        scale=1.0,
+        max_engines=8,
+    )
+    assert expected.meets_target and 1 < expected.engines < 8, expected
+    assert sla["roles"]["prefill"]["wish"] == expected.engines
+    decode_wish = sla["roles"]["decode"]["wish"]
+    assert sla["detail"].startswith(f"prefill 1->{expected.engines} (scale_up, wish {expected.engines})")
+
+    assert first is not None and first.decision is not None
+    decision = (await api.client.get(f"/decisions/{first.decision.decision_id}")).json()
+    assert decision["source"] == "sla"
+    assert (decision["num_prefill"], decision["num_decode"]) == (expected.engines, decode_wish)
+    assert f"sla scale_up: prefill 1->{expected.engines}" in first.summary
+    assert "throughput" not in first.summary and "load" not in first.summary
+
+    # The next tick compares its wish with the pending decision, not with the engines still
+    # starting: the same traffic changes nothing, and no second decision is made.
+    assert second is not None and second.decision is None
+    again = records[1]["sla"]
+    assert again["reason"] == "no_change", again
+    assert again["roles"]["prefill"]["wish"] == expected.engines
+    assert records[1]["verdict"].startswith("unchanged")
+
+    metrics = (await api.client.get("/metrics")).text
+    wish = f'dynamo_planner_sla_wish_replicas{{deployment="demo",role="prefill"}} {expected.engines}.0'
+    assert wish in metrics
+
+
+async def test_sla_without_a_profile_records_model_not_ready(make_api, caplog) -> None:
+    api = await make_api(demo_config(scaling={"algorithm": "sla"}))
+    worker = api.app.state.workers["demo"]
+    with caplog.at_level(logging.INFO, logger="app.workers.loop"):
+        report = await worker.run_tick(api.clock.now())
+        api.clock.advance(5)
+        await worker.run_tick(api.clock.now())
+
+    assert report is not None and report.decision is None
+    (record, _) = [item["record"] for item in await diagnostics(api)]
+    assert record["sla"]["reason"] == "model_not_ready"
+    assert (record["throughput"], record["load"], record["target"]) == (None, None, None)
+    assert record["verdict"] == "hold: no target"
+    assert record["traffic"]["error"].startswith("no traffic source configured")
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[demo] tick")]
+    assert len(lines) == 2 and all("sla model_not_ready: no performance model" in line for line in lines)
+    assert worker.last_error is None and worker.consecutive_failures == 0
