@@ -311,10 +311,10 @@ def _rates(samples: list[TrafficSample]) -> tuple[float, float, float | None, fl
 
 
 def _demand(state: SlaState, now: float, lead_s: float, settings: SlaSettings) -> Demand | None:
-    """The rate to size for: the level of the last `level_window_s`, or the smoother level of
-    the last `trend_window_s` raised by its growth over the lead, whichever is more. Lengths are
-    the trend window's means (ISL shifts move prefill work as much as the request rate does);
-    burstiness is the index of dispersion of the per-tick request counts kept."""
+    """The rate to size for: the busiest `burst_window_s` of the last `level_window_s`, or the
+    smoother `trend_window_s` level raised by its growth or ramp over the lead, whichever is
+    more. Lengths are the trend window's means (ISL shifts move prefill work as much as the
+    request rate does); burstiness is the index of dispersion of the per-tick request counts."""
     smooth = [s for s in state.samples if s.end_s > now - settings.trend_window_s]
     d_smooth, n_smooth, isl, osl = _rates(smooth)
     if d_smooth > 0 and n_smooth == 0:
