@@ -57,11 +57,13 @@ from app.core.interpolation import PerfModel
 from app.core.types import Replicas, Role, RoleBounds
 
 EngineKey = tuple[str, int]
+_DISPERSION_MIN_TICKS = 6
 
 
 class SlaReason(StrEnum):
     NO_TRAFFIC_DATA = "no_traffic_data"
     MODEL_NOT_READY = "model_not_ready"
+    NO_INVENTORY = "no_inventory"  # how many engines run is not known yet: no target
     SCALE_UP = "scale_up"
     SCALE_DOWN = "scale_down"
     HOLD = "hold"  # the wish is below the count, the stabilisation window keeps it
@@ -112,6 +114,10 @@ class SlaInput:
     fpm: Mapping[Role, Mapping[EngineKey, ForwardPassMetrics]]
     ready: Mapping[Role, int]
     expected: Mapping[Role, int]  # what the planner last ordered (starting engines included)
+    # False while the caller cannot say how many engines run (a service that just started, before
+    # the connector, an acknowledged decision or every role's FPM tells it): zeros are unknowns,
+    # and a target computed from them could scale a running cluster down.
+    inventory_known: bool = True
 
 
 @dataclass
@@ -197,6 +203,9 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
     }
     wish, role_diag = _wishes(model, demand, inp, state, settings, lead_s)
     diagnostics["roles"] = role_diag
+    if not inp.inventory_known:
+        detail = "how many engines run is not known yet (no connector report, decision or FPM)"
+        return SlaResult(None, SlaReason.NO_INVENTORY, detail, diagnostics)
     state.wishes.append((now, wish))
     # Strictly older than the window: with a window of 0 the current wish stays in it.
     while state.wishes and state.wishes[0][0] < now - settings.scale_down_window_s:
@@ -226,8 +235,9 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
                 role_diag[role]["hold"] = f"highest wish of the window is {stable}"
         role_diag[role]["reason"] = str(reasons[role])
         notes.append(f"{role} {current}->{target[role]} ({reasons[role]}, wish {want})")
-        if target[role] > current and role not in state.orders:
-            # An order still open keeps its start: the engines it asked for come first.
+        if target[role] > max(current, inp.ready.get(role, 0)) and role not in state.orders:
+            # An order still open keeps its start: the engines it asked for come first. An order
+            # the ready engines already meet measures nothing.
             state.orders[role] = (now, target[role])
     order = (SlaReason.SCALE_UP, SlaReason.SCALE_DOWN, SlaReason.HOLD, SlaReason.NO_CHANGE)
     reason = next(r for r in order if r in reasons.values())
@@ -404,8 +414,8 @@ def _dispersion(items: list[TrafficSample]) -> float:
     variance comes from the differences of consecutive ticks (a trend is not burstiness), by
     their median absolute deviation (one step in the level, a single large difference, is not
     burstiness either)."""
-    if len(items) < 3:
-        return 1.0
+    if len(items) < _DISPERSION_MIN_TICKS:
+        return 1.0  # the deviation of two or three differences says nothing
     tick_s = statistics.fmean(s.duration_s for s in items)
     counts = np.array([s.num_req / s.duration_s * tick_s for s in items if s.duration_s > 0])
     mean = float(counts.mean())

@@ -72,6 +72,9 @@ class EngineObservation:
     fpm: dict[Role, dict]
     ready: dict[Role, int]
     sources: dict[str, Any]
+    # False while neither the connector, an acknowledged decision nor every role's FPM says how
+    # many engines run: the ready counts are then zeros that mean "unknown".
+    inventory_known: bool = True
 
 
 @dataclass(frozen=True)
@@ -85,10 +88,16 @@ class SlaObservation:
     engines: EngineObservation
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "observed": asdict(self.observation) if self.observation is not None else None,
-            "error": self.traffic_error,
-        }
+        observed = None
+        if self.observation is not None:
+            observed = asdict(self.observation)
+            # JSON has no infinity (PostgreSQL refuses it): the open bucket is "+Inf", as in the
+            # Prometheus exposition.
+            observed["isl_buckets"] = [
+                [bound if math.isfinite(bound) else "+Inf", count]
+                for bound, count in self.observation.isl_buckets
+            ]
+        return {"observed": observed, "error": self.traffic_error}
 
 
 @dataclass(frozen=True)
@@ -360,7 +369,13 @@ class DeploymentWorker:
             else dict(ready)
         )
         sla_input = SlaInput(
-            now_s=now.timestamp(), traffic=sla.traffic, fpm=sla.engines.fpm, ready=ready, expected=expected
+            now_s=now.timestamp(),
+            traffic=sla.traffic,
+            fpm=sla.engines.fpm,
+            ready=ready,
+            expected=expected,
+            # A decision in force is an inventory of its own: it says what the planner ordered.
+            inventory_known=in_force or sla.engines.inventory_known,
         )
         return SlaTick(self.resources.model, self.sla_state, sla_input, self._sla_settings)
 
@@ -384,9 +399,10 @@ class DeploymentWorker:
             await asyncio.to_thread(models.observe_many, trained)
         counts = await self._ready_counts()
         # Without an inventory (no connector report, no acknowledged decision yet), the engines
-        # that report FPM are the inventory.
+        # that report FPM are the inventory, once every role has one reporting.
         ready = {role: (counts or {}).get(role, len({w for w, _ in fpm[role]})) for role in self.config.roles}
-        return EngineObservation(fpm=fpm, ready=ready, sources=sources)
+        known = counts is not None or all(fpm[role] for role in self.config.roles)
+        return EngineObservation(fpm=fpm, ready=ready, sources=sources, inventory_known=known)
 
     def _due(self, now: datetime) -> Due:
         """Which modes run at `now`: both at the first tick, then each on its own interval."""

@@ -13,6 +13,7 @@ part, and the demand is the level (the rate of the last `level_window_s`, or the
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -127,8 +128,8 @@ def window_rate(counts: list[float], window_s: float) -> float:
 def dispersion(counts: list[float]) -> float:
     """Index of dispersion of the per-tick counts, from consecutive differences (a difference of
     two independent counts has twice their variance) by their median absolute deviation (a
-    single step is not burstiness), never below 1 (Poisson)."""
-    if len(counts) < 3:
+    single step is not burstiness), never below 1 (Poisson), and 1 for fewer than six ticks."""
+    if len(counts) < 6:
         return 1.0
     diffs = np.diff(np.array(counts, dtype=float))
     sigma = 1.4826 * float(np.median(np.abs(diffs - np.median(diffs))))
@@ -564,3 +565,58 @@ def test_e_an_order_cancelled_by_a_lower_expected_count_measures_nothing(h200: P
     run.expected = {"prefill": 1}
     run.tick(100.0, ready={"prefill": 1}, follow=False)
     assert run.state.lead_s is None
+
+
+def test_e_an_order_the_ready_engines_already_meet_measures_nothing(h200: PerfModel) -> None:
+    # A service that starts with no decision of its own thinks 0 are ordered while 5 serve.
+    settings = settings_for(h200, ("prefill",))
+    run = Run(h200, settings, expected={"prefill": 0}, ready={"prefill": 5})
+    result = run.tick(100.0)
+    assert result.reason == SlaReason.SCALE_UP  # 0 -> the wish, below the 5 serving
+    assert result.replicas["prefill"] < 5  # type: ignore[index]
+    assert run.state.orders == {}
+    run.tick(100.0)
+    assert run.state.lead_s is None
+
+
+# --- an unknown inventory -------------------------------------------------------------------------
+
+
+def test_without_an_inventory_it_learns_but_orders_nothing(h200: PerfModel) -> None:
+    """Zeros that mean "unknown" (a service that just started) must not become a target: the
+    cluster might be running many more engines than the wish."""
+    settings = settings_for(h200, ("prefill", "decode"))
+    state = SlaState()
+    for k in range(3):
+        now = TICK_S * (k + 1)
+        result = sla_step(
+            h200,
+            state,
+            SlaInput(
+                now,
+                TrafficSample(now, TICK_S, 100.0, ISL, OSL),
+                {},
+                {"prefill": 0, "decode": 0},
+                {"prefill": 0, "decode": 0},
+                inventory_known=False,
+            ),
+            settings,
+        )
+        assert (result.replicas, result.reason) == (None, SlaReason.NO_INVENTORY)
+        # The wishes are computed and shown; the traffic is kept for when the inventory comes.
+        assert result.diagnostics["roles"]["prefill"]["wish"] == prefill_wish(
+            h200, settings, 100.0 / TICK_S * ISL, LengthMix.uniform(ISL), 1.0
+        )
+    assert len(state.samples) == 3
+    assert state.wishes == deque()  # nothing to stabilise against: no target was set
+
+
+def test_a_few_ticks_are_not_enough_to_call_traffic_bursty(h200: PerfModel) -> None:
+    settings = settings_for(h200, ("prefill",))
+    run = Run(h200, settings, expected={"prefill": 1})
+    for count in (30.0, 290.0, 60.0, 400.0, 80.0):  # five wildly different ticks
+        result = run.tick(count)
+        assert result.diagnostics["demand"]["dispersion"] == 1.0
+    result = run.tick(500.0)  # the sixth: now the deviation of five differences counts
+    assert result.diagnostics["demand"]["dispersion"] == round(dispersion(run.counts), 2)
+    assert result.diagnostics["demand"]["dispersion"] > 1.0
