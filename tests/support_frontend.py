@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import shutil
@@ -105,6 +106,8 @@ class Served:
     ttft_ms: float
     itl_ms: float
     request_duration_s: float
+    # The ISL histogram of the batch with the exporter's buckets: (upper bound, requests) each.
+    isl_buckets: tuple[tuple[float, float], ...] = ()
 
     @staticmethod
     def of(requests: Sequence[TraceRequest]) -> Served:
@@ -118,6 +121,7 @@ class Served:
             ttft_ms=sum(r.ttft_s for r in requests) / n * 1000.0,
             itl_ms=sum(r.itl_s * r.itl_observations for r in requests) / itl_count * 1000.0,
             request_duration_s=sum(r.duration_s for r in requests) / n,
+            isl_buckets=isl_histogram(r.isl for r in requests),
         )
 
     def observation(self, duration_s: float) -> TrafficObservation:
@@ -130,7 +134,18 @@ class Served:
             ttft_ms=self.ttft_ms,
             itl_ms=self.itl_ms,
             request_duration_s=self.request_duration_s,
+            isl_buckets=self.isl_buckets,
         )
+
+
+def isl_histogram(isls: Iterable[int]) -> tuple[tuple[float, float], ...]:
+    """Requests per bucket of the stand-in frontend's ISL histogram (`le`: upper bound included),
+    every bucket, the last bound inf: what a source reads back for them."""
+    bounds = (*_TOKEN_BUCKETS, float("inf"))
+    counts = [0] * len(bounds)
+    for isl in isls:
+        counts[bisect.bisect_left(bounds, isl)] += 1
+    return tuple((bound, float(count)) for bound, count in zip(bounds, counts, strict=True))
 
 
 # --- the stand-in frontend ----------------------------------------------------------------------------

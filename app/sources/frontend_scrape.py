@@ -20,6 +20,10 @@ Choices:
 - A series absent from the previous scrape is new (a model's first request): counted from 0.
 - A failed scrape keeps the old baseline: the next observation covers the longer interval.
 - The request count is exactly 0 → a confirmed idle window (means None, see traffic.py).
+- The ISL histogram (`isl_buckets`): Σ Δ of each `le` bucket of
+  `dynamo_frontend_input_sequence_tokens_bucket` over the model's series, made per-bucket. A
+  series' buckets are reset together, with its `_sum`/`_count`: when any of them went down (or
+  `_created` changed), every bucket of that series counts from 0.
 """
 
 from __future__ import annotations
@@ -37,11 +41,14 @@ from app.core.errors import SourceUnavailableError
 from app.core.types import TrafficObservation
 from app.sources.traffic import (
     HISTOGRAMS,
+    INPUT_SEQUENCE_TOKENS,
     REQUEST_COUNTERS,
     HttpSource,
     build_observation,
     describe_http_error,
     model_matches,
+    parse_le,
+    per_bucket_counts,
     snippet,
 )
 
@@ -62,7 +69,8 @@ def _created_name(sample: str) -> str:
 
 
 _HISTOGRAM_SAMPLES = {f"{metric}{part}" for metric, _ in HISTOGRAMS.values() for part in ("_sum", "_count")}
-_WANTED = _HISTOGRAM_SAMPLES | set(REQUEST_COUNTERS)
+_ISL_BUCKET = f"{INPUT_SEQUENCE_TOKENS}_bucket"
+_WANTED = _HISTOGRAM_SAMPLES | set(REQUEST_COUNTERS) | {_ISL_BUCKET}
 _WANTED |= {_created_name(name) for name in _WANTED}
 
 
@@ -94,6 +102,8 @@ class Difference:
     num_req: float | None
     histograms: dict[str, tuple[float | None, float | None]]
     notes: list[str] = field(default_factory=list)
+    # The ISL histogram: (upper bound, requests) per bucket, not cumulative; () when unknown.
+    isl_buckets: tuple[tuple[float, float], ...] = ()
 
 
 def _increase(
@@ -161,7 +171,34 @@ def difference(
             total_sum += d_sum
             total_count += d_count
         histograms[obs_field] = (total_sum, total_count)
-    return Difference(num_req=num_req, histograms=histograms, notes=notes)
+    buckets = per_bucket_counts(_bucket_increases(prev, cur, matching(_ISL_BUCKET)))
+    return Difference(num_req=num_req, histograms=histograms, notes=notes, isl_buckets=buckets)
+
+
+def _bucket_increases(
+    prev: Mapping[SeriesKey, float], cur: Mapping[SeriesKey, float], bucket_series: list[Labels]
+) -> dict[float, float]:
+    """Σ increase of the ISL `_bucket` series per `le` bound (cumulative, as published). The
+    buckets of one histogram series (its labels without `le`) are reset together with its
+    `_sum`/`_count`, like `_increase`: a reset series counts from 0, a new one too."""
+    series: dict[Labels, dict[float, Labels]] = {}
+    for labels in bucket_series:
+        bound = parse_le(dict(labels).get("le"))
+        if bound is not None:
+            series.setdefault(tuple(kv for kv in labels if kv[0] != "le"), {})[bound] = labels
+    cumulative: dict[float, float] = {}
+    for base, buckets in series.items():
+        keys = [(_ISL_BUCKET, labels) for labels in buckets.values()]
+        keys += [(f"{INPUT_SEQUENCE_TOKENS}{part}", base) for part in ("_sum", "_count")]
+        created = (f"{INPUT_SEQUENCE_TOKENS}_created", base)
+        reset = any(key in cur and key in prev and cur[key] < prev[key] for key in keys) or (
+            created in cur and created in prev and cur[created] != prev[created]
+        )
+        for bound, labels in buckets.items():
+            key = (_ISL_BUCKET, labels)
+            increase = cur[key] if reset or key not in prev else cur[key] - prev[key]
+            cumulative[bound] = cumulative.get(bound, 0.0) + increase
+    return cumulative
 
 
 class FrontendScrapeSource(HttpSource):
@@ -202,7 +239,9 @@ class FrontendScrapeSource(HttpSource):
         self.last_notes = tuple(diff.notes)
         for note in diff.notes:
             (log.warning if "reset" in note else log.debug)("frontend %s: %s", self.url, note)
-        return build_observation(current.taken_at - previous.taken_at, diff.num_req, diff.histograms)
+        return build_observation(
+            current.taken_at - previous.taken_at, diff.num_req, diff.histograms, diff.isl_buckets
+        )
 
     async def scrape(self) -> Scrape:
         """One GET of `/metrics`, parsed; `SourceUnavailableError` with the reason otherwise."""

@@ -16,6 +16,13 @@ label filters (`{dynamo_namespace="ns",job="frontend"}`):
   matching series (non-finite values skipped); if no series matches,
   `increase(dynamo_frontend_requests_total{S}[W])`; if still none, None (unknown, not zero).
 
+- the ISL histogram: `sum by (model, dynamo_namespace, le) (increase(
+  dynamo_frontend_input_sequence_tokens_bucket{S}[W]))`, the series of the matching model summed
+  per `le` (non-finite values skipped) and made per-bucket (`traffic.per_bucket_counts`). The
+  model stays in the grouping for the same reason as above: PromQL cannot match it without case,
+  and another model's requests on the same frontend are not this deployment's. If this query
+  fails or answers nothing, `isl_buckets` is empty and the observation otherwise unchanged.
+
 TTFT and ITL come in seconds and are reported in ms. All queries of one observation are evaluated
 at one instant (`time=`), the caller's `at` or this host's clock, so the halves of a ratio cannot
 straddle a scrape. A count of exactly 0 is a confirmed idle window: num_req 0 and every mean None
@@ -42,11 +49,14 @@ from app.core.errors import SourceUnavailableError
 from app.core.types import TrafficObservation
 from app.sources.traffic import (
     HISTOGRAMS,
+    INPUT_SEQUENCE_TOKENS,
     REQUEST_COUNTERS,
     HttpSource,
     build_observation,
     describe_http_error,
     model_matches,
+    parse_le,
+    per_bucket_counts,
     snippet,
 )
 
@@ -84,11 +94,12 @@ def window(interval_s: float) -> str:
 
 @dataclass(frozen=True)
 class FrontendQueries:
-    """The PromQL of one observation: `(sum query, count query)` per observation field, and the
-    request-count queries, preferred first."""
+    """The PromQL of one observation: `(sum query, count query)` per observation field, the
+    request-count queries, preferred first, and the ISL histogram's buckets query."""
 
     histograms: dict[str, tuple[str, str]]
     request_counts: tuple[str, ...]
+    isl_buckets: str
 
 
 def frontend_queries(interval_s: float, labels: Mapping[str, str] | None = None) -> FrontendQueries:
@@ -107,6 +118,7 @@ def frontend_queries(interval_s: float, labels: Mapping[str, str] | None = None)
             for field, (metric, _) in HISTOGRAMS.items()
         },
         request_counts=tuple(increase(counter) for counter in REQUEST_COUNTERS),
+        isl_buckets=f"sum by ({_GROUP_BY}, le) ({increase(INPUT_SEQUENCE_TOKENS + '_bucket')})",
     )
 
 
@@ -150,14 +162,17 @@ class PrometheusSource(HttpSource):
         notes: list[str] = []
         async with self._session() as client:
             halves = [(field, q) for field, pair in queries.histograms.items() for q in pair]
-            answers = await asyncio.gather(
+            *answers, bucket_answer = await asyncio.gather(
                 self._query(client, queries.request_counts[0], at=at),
                 *(self._query(client, q, at=at) for _, q in halves),
+                self._query(client, queries.isl_buckets, at=at),
                 return_exceptions=True,
             )
             for answer in answers:
                 if isinstance(answer, BaseException):
                     raise answer
+            if isinstance(bucket_answer, BaseException) and not isinstance(bucket_answer, Exception):
+                raise bucket_answer
             results = cast(list[list[Series]], answers)
             num_req = self._sum_matching(results[0], queries.request_counts[0], notes)
             for previous, fallback in zip(queries.request_counts, queries.request_counts[1:], strict=False):
@@ -167,10 +182,15 @@ class PrometheusSource(HttpSource):
                 num_req = self._sum_matching(await self._query(client, fallback, at=at), fallback, notes)
         totals = [self._sum_matching(a, q, notes) for (_, q), a in zip(halves, results[1:], strict=True)]
         histograms = {field: (totals[2 * i], totals[2 * i + 1]) for i, field in enumerate(queries.histograms)}
+        if isinstance(bucket_answer, Exception):
+            notes.append(f"no ISL histogram: {bucket_answer}")
+            isl_buckets: tuple[tuple[float, float], ...] = ()
+        else:
+            isl_buckets = self._isl_buckets(bucket_answer, queries.isl_buckets, notes)
         self.last_notes = tuple(notes)
         for note in notes:
             log.debug("prometheus %s: %s", self.url, note)
-        return build_observation(float(int(interval_s)), num_req, histograms)
+        return build_observation(float(int(interval_s)), num_req, histograms, isl_buckets)
 
     # --- results --------------------------------------------------------------------------------
 
@@ -183,6 +203,24 @@ class PrometheusSource(HttpSource):
         if len(kept) < len(values):
             notes.append(f"skipped {len(values) - len(kept)} non-finite value(s) of {query}")
         return kept
+
+    def _isl_buckets(
+        self, series: list[Series], query: str, notes: list[str]
+    ) -> tuple[tuple[float, float], ...]:
+        """Σ of this model's finite bucket increases per `le`, made per-bucket; () without any."""
+        cumulative: dict[float, float] = {}
+        skipped = 0
+        for labels, value in series:
+            bound = parse_le(labels.get("le"))
+            if bound is None or not model_matches(labels, self.model_name):
+                continue
+            if not math.isfinite(value):
+                skipped += 1
+                continue
+            cumulative[bound] = cumulative.get(bound, 0.0) + value
+        if skipped:
+            notes.append(f"skipped {skipped} non-finite value(s) of {query}")
+        return per_bucket_counts(cumulative)
 
     def _sum_matching(self, series: list[Series], query: str, notes: list[str]) -> float | None:
         """Σ of the finite values of this model's series; None (unknown) when there are none."""

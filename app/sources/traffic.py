@@ -18,7 +18,11 @@ Both read the same Dynamo frontend metrics (names below) and follow the same rul
   about request lengths or latencies (the reference E4 writes 0 there; None keeps "no data"
   distinguishable from "zero-length requests" and is what `TrafficObservation.complete` checks);
 - a source that is down, times out or answers garbage raises `SourceUnavailableError` with a
-  reason that names what was wrong.
+  reason that names what was wrong;
+- the ISL histogram of the interval (`TrafficObservation.isl_buckets`) comes from the increases
+  of the cumulative `dynamo_frontend_input_sequence_tokens_bucket` series per `le` bound, summed
+  over the model's series and made per-bucket (`per_bucket_counts`); empty when there are no bucket
+  series or no request in them. It never makes an observation fail.
 """
 
 from __future__ import annotations
@@ -112,17 +116,53 @@ def finite(value: float) -> bool:
     return math.isfinite(value)
 
 
+def parse_le(value: str | None) -> float | None:
+    """A histogram bucket's `le` label as a float (`+Inf` → inf); None when it is not a number."""
+    if value is None:
+        return None
+    try:
+        bound = float(value)
+    except ValueError:
+        return None
+    return None if math.isnan(bound) else bound
+
+
+def per_bucket_counts(cumulative: Mapping[float, float]) -> tuple[tuple[float, float], ...]:
+    """Per-bucket counts, sorted by upper bound, from cumulative counts by upper bound (the
+    increases of a histogram's `_bucket` series over the interval, Prometheus convention).
+
+    Empty when there is no bucket, the last bound is not +Inf, a count is not finite, or the
+    total is not positive. A bucket whose cumulative count is below the previous one (only
+    Prometheus' extrapolation of `increase()` can do that) counts 0."""
+    if not cumulative:
+        return ()
+    bounds = sorted(cumulative)
+    if bounds[-1] != math.inf:
+        return ()
+    counts = [cumulative[b] for b in bounds]
+    if not all(math.isfinite(c) for c in counts) or counts[-1] <= 0:
+        return ()
+    out: list[tuple[float, float]] = []
+    below = 0.0
+    for bound, count in zip(bounds, counts, strict=True):
+        out.append((bound, max(count - below, 0.0)))
+        below = max(below, count)
+    return tuple(out)
+
+
 def build_observation(
     duration_s: float,
     num_req: float | None,
     histograms: Mapping[str, tuple[float | None, float | None]],
+    isl_buckets: tuple[tuple[float, float], ...] = (),
 ) -> TrafficObservation:
     """The observation from a request count and each histogram's (sum increase, count increase)
-    over the interval (keys of `HISTOGRAMS`; None where no matching series existed).
+    over the interval (keys of `HISTOGRAMS`; None where no matching series existed), and the ISL
+    histogram of the interval (`per_bucket_counts`; empty when unknown).
 
     A mean is Σ sum / Σ count, scaled to the field's unit; unknown (None) when the count is not
     positive or either part is unknown or not finite. A request count of exactly 0 is a confirmed
-    idle window: every mean is None (see the module docstring)."""
+    idle window: every mean is None and the ISL histogram empty (see the module docstring)."""
     if num_req is not None and num_req == 0:
         return TrafficObservation(duration_s=duration_s, num_req=0.0, isl=None, osl=None)
     means: dict[str, float | None] = {}
@@ -132,7 +172,7 @@ def build_observation(
             means[field] = None
         else:
             means[field] = total / count * factor
-    return TrafficObservation(duration_s=duration_s, num_req=num_req, **means)
+    return TrafficObservation(duration_s=duration_s, num_req=num_req, **means, isl_buckets=isl_buckets)
 
 
 def describe_http_error(exc: httpx.HTTPError) -> str:

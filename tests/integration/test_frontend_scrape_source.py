@@ -4,12 +4,24 @@ the trace requests' TTFT/ITL are binary fractions, so sums and differences are e
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+from prometheus_client import generate_latest
 
 from app.core.errors import SourceUnavailableError
 from app.core.types import TrafficObservation
 from app.sources.frontend_scrape import FIRST_SCRAPE, FrontendScrapeSource
-from tests.support_frontend import MODEL, OTHER_MODEL, Canned, FrontendExporter, StandInServer, load_trace
+from app.sources.traffic import INPUT_SEQUENCE_TOKENS as ISL
+from tests.support_frontend import (
+    MODEL,
+    OTHER_MODEL,
+    Canned,
+    FrontendExporter,
+    StandInServer,
+    TraceRequest,
+    load_trace,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -34,6 +46,45 @@ async def test_reads_back_what_was_served_between_observations() -> None:
 
         idle = await source.observe(30)
         assert idle == TrafficObservation(idle.duration_s, 0.0, None, None), "confirmed idle"
+
+
+async def test_the_isl_histogram_of_known_requests() -> None:
+    """3 prompts ≤ 128 tokens, 2 in (256, 512], 1 above 65536: exactly those buckets, from the
+    exporter's `_bucket` series differenced between two scrapes (other models not counted)."""
+    with FrontendExporter() as exporter:
+        exporter.serve_requests(load_trace(limit=20))  # before the baseline: not counted
+        source = FrontendScrapeSource(exporter.url, model_name=MODEL)
+        await source.check()
+        isls = (100, 128, 17, 300, 512, 70000)
+        exporter.serve_requests(TraceRequest(0, isl, 10) for isl in isls)
+        exporter.serve_requests(load_trace(limit=5), model=OTHER_MODEL)
+        observation = await source.observe(30)
+        inf = float("inf")
+        expected = {32.0: 1.0, 128.0: 2.0, 512.0: 2.0, 131072.0: 1.0}
+        bounds = (*(float(2**k) for k in range(4, 18)), inf)
+        assert observation.isl_buckets == tuple((b, expected.get(b, 0.0)) for b in bounds)
+        assert observation.num_req == 6.0
+
+
+async def test_a_frontend_without_the_isl_histogram() -> None:
+    """A frontend publishing the ISL histogram's `_sum`/`_count` but no `_bucket` series: the
+    observation as always, with no histogram."""
+    exporter = FrontendExporter()  # not started: only its registry renders the metrics
+
+    def without_buckets() -> Canned:
+        text = generate_latest(exporter.registry).decode()
+        lines = [line for line in text.splitlines(keepends=True) if f"{ISL}_bucket" not in line]
+        return Canned(200, "".join(lines).encode(), "text/plain; version=0.0.4; charset=utf-8")
+
+    with StandInServer() as server:
+        server.answer = without_buckets()
+        source = FrontendScrapeSource(server.url, model_name=MODEL)
+        await source.check()
+        served = exporter.serve_requests(load_trace(limit=40))
+        server.answer = without_buckets()
+        observation = await source.observe(30)
+        assert observation == replace(served.observation(observation.duration_s), isl_buckets=())
+        assert served.isl_buckets != ()
 
 
 async def test_check_takes_the_baseline() -> None:

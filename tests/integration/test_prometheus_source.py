@@ -104,6 +104,11 @@ async def test_reads_back_what_the_exporter_served(stack: Stack) -> None:
     observation = await source(stack).observe(WINDOW_S, at=stack.at)
     assert observation == stack.served.observation(float(WINDOW_S))
     assert observation.complete
+    # The ISL histogram too, bucket by bucket (`sum by (le) (increase(..._bucket[W]))`): exact.
+    assert observation.isl_buckets == stack.served.isl_buckets
+    assert observation.isl_buckets[-1][0] == float("inf")
+    assert sum(n for _, n in observation.isl_buckets) == 300.0
+    assert sum(1 for _, n in observation.isl_buckets if n > 0) > 1
     # And Prometheus itself stores exactly that many requests.
     assert stack.prometheus.values(f'{STARTED}{{model="{MODEL}"}}', at=stack.at) == [300.0]
 

@@ -72,6 +72,8 @@ PARSE_CASES = [
         "rust-frontend",
         RUST_TEXT,
         {
+            (f"{ISL}_bucket", (*LLAMA[:1], ("le", "1024"), *LLAMA[1:])): 1.0,
+            (f"{ISL}_bucket", (*LLAMA[:1], ("le", "+Inf"), *LLAMA[1:])): 4.0,
             (f"{ISL}_sum", LLAMA): 12000.0,
             (f"{ISL}_count", LLAMA): 4.0,
             (TOTAL, LLAMA + (("request_type", "stream"), ("status", "success"))): 4.0,
@@ -302,6 +304,107 @@ def test_difference(case: DiffCase) -> None:
         assert note in diff.notes, diff.notes
 
 
+# --- the ISL histogram --------------------------------------------------------------------------------
+
+INF = float("inf")
+BOUNDS = ("128", "1024", "65536", "+Inf")
+
+
+def isl_hist(labels: tuple[tuple[str, str], ...], *cumulative: float) -> Samples:
+    """The ISL histogram's `_bucket` series (cumulative counts for BOUNDS), `_sum` and `_count`."""
+    samples = {
+        (f"{ISL}_bucket", tuple(sorted((*labels, ("le", le))))): count
+        for le, count in zip(BOUNDS, cumulative, strict=True)
+    }
+    return samples | hist(ISL, labels, 1000.0 * cumulative[-1], cumulative[-1])
+
+
+# 3 requests ≤ 128, 2 in (128, 1024], 1 above 65536.
+KNOWN = ((128.0, 3.0), (1024.0, 2.0), (65536.0, 0.0), (INF, 1.0))
+
+
+@dataclass(frozen=True)
+class BucketCase:
+    name: str
+    why: str
+    prev: Samples
+    cur: Samples
+    expected: tuple[tuple[float, float], ...]
+    model_name: str | None = "Llama-3.1-8B"
+
+
+BUCKET_CASES = [
+    BucketCase(
+        "known-increase",
+        "Δ of each cumulative bucket, then per bucket, bounds as floats, +Inf last",
+        isl_hist(LLAMA, 10, 12, 20, 20),
+        isl_hist(LLAMA, 13, 17, 25, 26),
+        KNOWN,
+    ),
+    BucketCase(
+        "other-model-ignored",
+        "another model's buckets on the same frontend are not counted",
+        isl_hist(LLAMA, 10, 12, 20, 20) | isl_hist(QWEN, 0, 0, 0, 0),
+        isl_hist(LLAMA, 13, 17, 25, 26) | isl_hist(QWEN, 50, 50, 50, 50),
+        KNOWN,
+    ),
+    BucketCase(
+        "two-namespaces-summed",
+        "the model's series in two namespaces are summed per bound",
+        isl_hist(LLAMA, 0, 0, 0, 0) | isl_hist(LLAMA_OTHER_NS, 5, 5, 5, 5),
+        isl_hist(LLAMA, 2, 3, 3, 4) | isl_hist(LLAMA_OTHER_NS, 6, 7, 7, 7),
+        KNOWN,
+    ),
+    BucketCase(
+        "new-series",
+        "a series absent from the previous scrape counts from 0",
+        {},
+        isl_hist(LLAMA, 3, 5, 5, 6),
+        KNOWN,
+    ),
+    BucketCase(
+        "reset",
+        "the frontend restarted: every bucket of the series counts from 0, even one that grew",
+        isl_hist(LLAMA, 1, 50, 50, 50),
+        isl_hist(LLAMA, 3, 5, 5, 6),
+        KNOWN,
+    ),
+    BucketCase(
+        "reset-seen-by-created",
+        "a restart that served more than before: only the changed _created time shows it",
+        isl_hist(LLAMA, 1, 1, 1, 1) | {(f"{ISL}_created", LLAMA): 1000.0},
+        isl_hist(LLAMA, 3, 5, 5, 6) | {(f"{ISL}_created", LLAMA): 2000.0},
+        KNOWN,
+    ),
+    BucketCase(
+        "idle",
+        "no request in the buckets: no histogram",
+        isl_hist(LLAMA, 3, 5, 5, 6),
+        isl_hist(LLAMA, 3, 5, 5, 6),
+        (),
+    ),
+    BucketCase(
+        "no-bucket-series",
+        "a frontend that publishes only _sum/_count: no histogram",
+        traffic(LLAMA, 1),
+        traffic(LLAMA, 5),
+        (),
+    ),
+    BucketCase(
+        "no-series-of-this-model",
+        "only another model's buckets: no histogram",
+        isl_hist(QWEN, 0, 0, 0, 0),
+        isl_hist(QWEN, 3, 5, 5, 6),
+        (),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", BUCKET_CASES, ids=lambda c: c.name)
+def test_isl_buckets(case: BucketCase) -> None:
+    assert difference(case.prev, case.cur, case.model_name).isl_buckets == case.expected, case.why
+
+
 # --- the source ---------------------------------------------------------------------------------------
 
 
@@ -372,6 +475,28 @@ async def test_check_takes_the_baseline() -> None:
     assert (await source.observe(30)).num_req == 2.0
     idle = await source.observe(30)
     assert idle == TrafficObservation(30.0, 0.0, None, None), "a confirmed idle window"
+
+
+async def test_the_isl_histogram_reaches_the_observation() -> None:
+    before = traffic(LLAMA, 10) | isl_hist(LLAMA, 10, 12, 20, 20)
+    after = traffic(LLAMA, 16) | isl_hist(LLAMA, 13, 17, 25, 26)
+    fake = FakeFrontend([text(before), text(after), text(after)])
+    source = fake.source()
+    await source.check()
+    observation = await source.observe(30)
+    assert observation.num_req == 6.0
+    assert observation.isl_buckets == KNOWN
+    idle = await source.observe(30)
+    assert idle == TrafficObservation(30.0, 0.0, None, None), "an idle window stays as it was"
+
+
+async def test_without_the_isl_histogram_the_buckets_are_empty() -> None:
+    fake = FakeFrontend([text(traffic(LLAMA, 10)), text(traffic(LLAMA, 13))])
+    source = fake.source()
+    await source.check()
+    observation = await source.observe(30)
+    assert observation == TrafficObservation(30.0, 3.0, 3000.0, 150.0, 250.0, 31.25, 3.25)
+    assert observation.isl_buckets == ()
 
 
 async def test_duration_is_the_time_between_scrapes_not_the_interval() -> None:

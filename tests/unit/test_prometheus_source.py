@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -95,6 +95,22 @@ def test_promql_covers_every_histogram_and_field() -> None:
         field: pair[0].split("(increase(")[1].split("_sum{")[0] for field, pair in queries.histograms.items()
     }
     assert metrics == {"ttft_ms": TTFT, "itl_ms": ITL, "isl": ISL, "osl": OSL, "request_duration_s": DURATION}
+
+
+@pytest.mark.parametrize(
+    ("labels", "expected"),
+    [
+        ({}, f"sum by (model, dynamo_namespace, le) (increase({ISL}_bucket[180s]))"),
+        (
+            {"dynamo_namespace": "dynamo-prod", "job": "frontend"},
+            f"sum by (model, dynamo_namespace, le) (increase({ISL}_bucket{PROD}[180s]))",
+        ),
+    ],
+    ids=["no-labels", "namespace-filter"],
+)
+def test_promql_of_the_isl_buckets(labels: dict[str, str], expected: str) -> None:
+    """Grouped by model too: another model's requests are not this deployment's (matched here)."""
+    assert frontend_queries(180.4, labels).isl_buckets == expected
 
 
 def test_the_model_is_not_filtered_in_promql() -> None:
@@ -289,6 +305,68 @@ READ_CASES = [
 ]
 
 
+# --- the ISL histogram ---
+
+INF = float("inf")
+BUCKETS_Q = f"sum by (model, dynamo_namespace, le) (increase({ISL}_bucket[180s]))"
+# 3 requests ≤ 128, 2 in (128, 1024], 1 above 65536.
+KNOWN = ((128.0, 3.0), (1024.0, 2.0), (65536.0, 0.0), (INF, 1.0))
+
+
+def bucket_answer(labels: dict[str, str], *cumulative: str) -> list[tuple[dict[str, str], str]]:
+    """The buckets query's series of one model: cumulative increases for le 128 … +Inf."""
+    bounds = ("128", "1024", "65536", "+Inf")
+    return [(labels | {"le": le}, value) for le, value in zip(bounds, cumulative, strict=True)]
+
+
+def with_buckets(
+    observation: TrafficObservation, buckets: tuple[tuple[float, float], ...]
+) -> TrafficObservation:
+    return replace(observation, isl_buckets=buckets)
+
+
+READ_CASES += [
+    ReadCase(
+        "isl-buckets",
+        "Σ increase per le over this model's series, made per bucket; other models ignored",
+        full_traffic(LLAMA)
+        | {BUCKETS_Q: bucket_answer(LLAMA, "3", "5", "5", "6") + bucket_answer(QWEN, *"9999")},
+        with_buckets(FULL, KNOWN),
+    ),
+    ReadCase(
+        "isl-buckets-two-spellings",
+        "the model's series are summed per le (Prometheus' extrapolated increases are fractional)",
+        full_traffic(LLAMA)
+        | {
+            BUCKETS_Q: bucket_answer(LLAMA, "1.5", "2.5", "2.5", "3")
+            + bucket_answer(LLAMA_LOWER, "1.5", "2.5", "2.5", "3")
+        },
+        with_buckets(FULL, KNOWN),
+        model_name="LLAMA-3.1-8B",
+    ),
+    ReadCase(
+        "isl-buckets-nan-skipped",
+        "a NaN bucket series is skipped; the finite ones still count",
+        full_traffic(LLAMA)
+        | {BUCKETS_Q: bucket_answer(LLAMA, "3", "5", "5", "6") + bucket_answer(LLAMA_LOWER, *["NaN"] * 4)},
+        with_buckets(FULL, KNOWN),
+        note=f"skipped 4 non-finite value(s) of {BUCKETS_Q}",
+    ),
+    ReadCase(
+        "isl-buckets-all-zero",
+        "no request in the buckets: no histogram",
+        full_traffic(LLAMA) | {BUCKETS_Q: bucket_answer(LLAMA, "0", "0", "0", "0")},
+        FULL,
+    ),
+    ReadCase(
+        "isl-buckets-of-another-model-only",
+        "only another model's buckets: no histogram",
+        full_traffic(LLAMA) | {BUCKETS_Q: bucket_answer(QWEN, "3", "5", "5", "6")},
+        FULL,
+    ),
+]
+
+
 @pytest.mark.parametrize("case", READ_CASES, ids=lambda c: c.name)
 async def test_observe_reads_prometheus_answers(case: ReadCase) -> None:
     fake = FakePrometheus(case.answers)
@@ -302,10 +380,34 @@ async def test_observe_reads_prometheus_answers(case: ReadCase) -> None:
 async def test_one_evaluation_time_for_every_query() -> None:
     fake = FakePrometheus(full_traffic(LLAMA))
     await fake.source().observe(180, at=1700000123.456)
-    assert len(fake.seen) == 11  # 5 histograms × (sum, count) + requests_started_total
+    assert len(fake.seen) == 12  # 5 histograms × (sum, count) + requests_started_total + ISL buckets
     assert {r.url.params["time"] for r in fake.seen} == {"1700000123.456"}
     assert {r.url.params["timeout"] for r in fake.seen} == {"10000ms"}
     assert {r.url.path for r in fake.seen} == {"/api/v1/query"}
+
+
+async def test_without_the_isl_histogram_the_buckets_are_empty() -> None:
+    """No bucket series (FULL's answers have none): `()`, the rest as always."""
+    observation = await FakePrometheus(full_traffic(LLAMA)).source().observe(180)
+    assert observation == FULL
+    assert observation.isl_buckets == ()
+
+
+async def test_a_failing_buckets_query_does_not_fail_the_observation() -> None:
+    fake = FakePrometheus(full_traffic(LLAMA))
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        if request.url.params["query"] == BUCKETS_Q:
+            error = {"status": "error", "errorType": "timeout", "error": "query timed out"}
+            return httpx.Response(503, json=error)
+        return httpx.Response(200, json=vector(*fake.answers.get(request.url.params["query"], [])))
+
+    fake.respond = respond
+    source = fake.source()
+    assert await source.observe(180) == FULL
+    assert any(note.startswith("no ISL histogram: prometheus: query") for note in source.last_notes), (
+        source.last_notes
+    )
 
 
 async def test_requests_total_is_asked_only_when_started_is_missing() -> None:
