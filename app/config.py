@@ -131,6 +131,8 @@ class ScalingConfig(_Strict):
     trend: bool = True
     history_s: float = Field(default=1800.0, gt=0)
     growth_quantile: float = Field(default=0.9, gt=0, lt=1)
+    # The forecast's headroom until the history has enough points to learn it from.
+    cold_start_growth: float = Field(default=1.6, ge=1)
 
 
 class PrometheusSource(_Strict):

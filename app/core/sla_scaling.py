@@ -15,7 +15,8 @@ engine's latest forward pass (FPM) and the ready counts. Then, per role:
    `level_window_s` (20 s): a burst longer than the TTFT target builds a queue whatever the
    minute's mean, and the window follows it within a tick. Or, where more, the smoother
    `trend_window_s` level raised by its forecast: its growth over one lead in the traffic's own
-   history (the `growth_quantile` of level(t + lead) ÷ level(t) over `history_s`) and a ramp
+   history (the `growth_quantile` of level(t + lead) ÷ level(t) over `history_s`; until that
+   history has `growth_min_points`, `cold_start_growth`) and a ramp
    under way (the level's slope over max(2 × trend window, lead), carried a lead ahead). The
    forecast only ever raises the demand.
    Lengths are the trend window's means and the ISL histogram of the samples kept (`lookback_s`);
@@ -91,6 +92,7 @@ class SlaSettings:
     history_s: float = 1800.0  # how much of the traffic's past the forecast's headroom learns from
     growth_quantile: float = 0.9
     growth_min_points: int = 24
+    cold_start_growth: float = 1.6
     scale_bounds: tuple[float, float] = (0.5, 4.0)
     scale_smoothing: float = 0.3  # EWMA weight of a tick's median ratio
 
@@ -155,6 +157,7 @@ class Demand:
     mix: LengthMix
     dispersion: float  # index of dispersion of the per-tick request counts
     growth: tuple[float, float] | None  # (prompt tokens, decode requests) growth over the lead
+    growth_learned: bool  # False: the cold-start headroom (the history is still too short)
     ramp: tuple[float, float]  # slopes of the two levels per second (0 when falling)
 
 
@@ -196,6 +199,7 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         "in_flight": round(demand.in_flight, 1),
         "dispersion": round(demand.dispersion, 2),
         "growth": [round(g, 3) for g in demand.growth] if demand.growth else None,
+        "growth_learned": demand.growth_learned,
         "ramp_per_s": [round(r, 4) for r in demand.ramp],
         "isl_mean": round(demand.isl, 1),
         "isl_quantile": round(demand.mix.quantile, 1),
@@ -347,6 +351,11 @@ def _demand(state: SlaState, now: float, lead_s: float, settings: SlaSettings) -
     while state.history and state.history[0][0] <= now - settings.history_s:
         state.history.popleft()
     growth = _growth_quantiles(state.history, lead_s, settings) if settings.trend else None
+    learned = growth is not None
+    if settings.trend and growth is None:
+        # Nothing learned yet is the widest uncertainty, not none: a cold start gets a wide
+        # headroom until the history has its points (a service starting into a ramp).
+        growth = (settings.cold_start_growth, settings.cold_start_growth)
     g_tokens, g_flight = growth or (1.0, 1.0)
     # A ramp under way goes on for the lead: its slope, carried from the middle of the window.
     ahead_s = lead_s + settings.trend_window_s / 2
@@ -373,6 +382,7 @@ def _demand(state: SlaState, now: float, lead_s: float, settings: SlaSettings) -
         mix=mix,
         dispersion=dispersion,
         growth=growth,
+        growth_learned=learned,
         ramp=ramp,
     )
 

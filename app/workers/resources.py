@@ -122,6 +122,7 @@ def make_sla_settings(deployment: DeploymentConfig, model: PerfModel | None) -> 
         trend=s.trend,
         history_s=s.history_s,
         growth_quantile=s.growth_quantile,
+        cold_start_growth=s.cold_start_growth,
     )
 
 

@@ -620,3 +620,26 @@ def test_a_few_ticks_are_not_enough_to_call_traffic_bursty(h200: PerfModel) -> N
     result = run.tick(500.0)  # the sixth: now the deviation of five differences counts
     assert result.diagnostics["demand"]["dispersion"] == round(dispersion(run.counts), 2)
     assert result.diagnostics["demand"]["dispersion"] > 1.0
+
+
+def test_a_cold_start_forecasts_with_the_cold_headroom_until_the_history_has_its_points(
+    h200: PerfModel,
+) -> None:
+    """Nothing learned is the widest uncertainty: until `growth_min_points` lead-spaced levels
+    exist, the trend level is raised by `cold_start_growth`."""
+    settings = settings_for(h200, ("prefill",), trend=True)
+    run = Run(h200, settings, expected={"prefill": 1})
+    for _ in range(3):
+        result = run.tick(100.0)
+    demand = result.diagnostics["demand"]
+    assert (demand["growth"], demand["growth_learned"]) == ([1.6, 1.6], False)
+    # 20 req/s of 2,000 tokens, raised by 1.6 (the busiest 10 s is the same 20 req/s, lower).
+    assert demand["token_rate_s"] == round(100.0 / TICK_S * ISL * 1.6, 1)
+    # Once the history has its points (the lead is the 120 s estimate: 24 pairs of levels
+    # 120 s apart need the trend window, the lead and 24 ticks), the growth is the learned one:
+    # steady traffic grew by exactly 1.
+    for _ in range(60):
+        result = run.tick(100.0)
+    demand = result.diagnostics["demand"]
+    assert (demand["growth"], demand["growth_learned"]) == ([1.0, 1.0], True)
+    assert demand["token_rate_s"] == round(100.0 / TICK_S * ISL, 1)
