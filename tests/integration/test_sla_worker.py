@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Any
 
@@ -55,7 +56,8 @@ async def test_sla_scaling_decides_alone_from_traffic_and_engines(make_api, spaw
             demo_config(
                 profile=H200,
                 sla={"ttft_ms": TTFT_MS, "itl_ms": 50},
-                scaling={"algorithm": "sla", "interval_s": TICK_S},
+                # No forecast: this test is about the wiring, the forecast has its own tests.
+                scaling={"algorithm": "sla", "interval_s": TICK_S, "trend": False},
                 sources={
                     "frontend_url": frontend.url,
                     "fpm_endpoints": {
@@ -112,11 +114,13 @@ async def test_sla_scaling_decides_alone_from_traffic_and_engines(make_api, spaw
     assert sla["scale"] == {}
     assert sla["roles"]["prefill"]["queued_tokens"] == 0
     # The exact count the capacity formula gives for what was observed: one tick's prompt tokens
-    # per second, lengths as their mean (the scrape source has no ISL histogram), Poisson.
+    # per second, lengths from the scraped ISL histogram, Poisson.
+    buckets = [(math.inf if b == "+Inf" else b, n) for b, n in observed["isl_buckets"]]
+    assert sum(n for _, n in buckets) == REQUESTS
     expected = prefill_engines(
         worker.resources.model,
         token_rate_s=observed["num_req"] / observed["duration_s"] * observed["isl"],
-        mix=LengthMix.uniform(observed["isl"]),
+        mix=LengthMix.from_histogram(buckets, observed["isl"], 0.99),
         ttft_target_ms=TTFT_MS,
         chunk_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS,
         scale=1.0,
