@@ -120,17 +120,20 @@ class ScalingConfig(_Strict):
     quantile: float = Field(default=0.99, gt=0, lt=1)
     prefill_max_utilisation: float = Field(default=0.9, gt=0, le=1)
     decode_itl_margin: float = Field(default=0.95, gt=0, le=1)
-    decode_peak_quantile: float = Field(default=0.999, gt=0, lt=1)
+    decode_peak_quantile: float = Field(default=0.99, gt=0, lt=1)
     level_window_s: float = Field(default=20.0, gt=0)
     burst_window_s: float = Field(default=10.0, gt=0)
     trend_window_s: float = Field(default=60.0, gt=0)
     lookback_s: float = Field(default=300.0, gt=0)
-    scale_down_window_s: float = Field(default=300.0, ge=0)
+    # The scale-down window: this many scaling latencies (as measured), at least
+    # `scale_down_window_s`. 0 leads: a fixed window of `scale_down_window_s`.
+    scale_down_window_s: float = Field(default=60.0, ge=0)
+    scale_down_window_leads: float = Field(default=2.0, ge=0)
     # How long ordered engines take to serve, until the planner has measured it.
     startup_estimate_s: float = Field(default=120.0, ge=0)
     trend: bool = True
-    history_s: float = Field(default=1800.0, gt=0)
-    growth_quantile: float = Field(default=0.9, gt=0, lt=1)
+    history_s: float = Field(default=600.0, gt=0)
+    growth_quantile: float = Field(default=0.97, gt=0, lt=1)
     # The forecast's headroom until the history has enough points to learn it from.
     cold_start_growth: float = Field(default=1.6, ge=1)
 

@@ -26,8 +26,9 @@ engine's latest forward pass (FPM) and the ready counts. Then, per role:
    the ITL target by Little's law at the `decode_peak_quantile` of the requests in flight,
    against the largest batch meeting `decode_itl_margin` × the target; decode also for the
    requests the engines actually hold or queue now, when that is more.
-5. **Target**: up at once to the wish; down only to the highest wish of the last
-   `scale_down_window_s`, and not before the planner has watched a full window.
+5. **Target**: up at once to the wish; down only to the highest wish of the scale-down window
+   (`scale_down_window_leads` measured leads, at least `scale_down_window_s`), and not before
+   the planner has watched a full window.
 
 Nothing here reads the clock: `now_s` comes with the input. State (the samples, wishes and
 measured scales) is an explicit object the caller keeps between ticks.
@@ -81,16 +82,17 @@ class SlaSettings:
     quantile: float = 0.99
     prefill_max_utilisation: float = 0.9
     decode_itl_margin: float = 0.95  # decode batches are sized for this share of the ITL target
-    decode_peak_quantile: float = 0.999  # of the requests in flight, the count decode is sized for
+    decode_peak_quantile: float = 0.99  # of the requests in flight, the count decode is sized for
     level_window_s: float = 20.0
     burst_window_s: float = 10.0
     trend_window_s: float = 60.0
     lookback_s: float = 300.0
-    scale_down_window_s: float = 300.0
+    scale_down_window_s: float = 60.0  # the shortest scale-down window
+    scale_down_window_leads: float = 2.0  # the window in scaling latencies (lead_s)
     startup_estimate_s: float = 120.0
     trend: bool = True
-    history_s: float = 1800.0  # how much of the traffic's past the forecast's headroom learns from
-    growth_quantile: float = 0.9
+    history_s: float = 600.0  # how much of the traffic's past the forecast's headroom learns from
+    growth_quantile: float = 0.97
     growth_min_points: int = 24
     cold_start_growth: float = 1.6
     scale_bounds: tuple[float, float] = (0.5, 4.0)
@@ -211,8 +213,10 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         detail = "how many engines run is not known yet (no connector report, decision or FPM)"
         return SlaResult(None, SlaReason.NO_INVENTORY, detail, diagnostics)
     state.wishes.append((now, wish))
+    window_s = scale_down_window_s(settings, lead_s)
+    diagnostics["scale_down_window_s"] = round(window_s, 1)
     # Strictly older than the window: with a window of 0 the current wish stays in it.
-    while state.wishes and state.wishes[0][0] < now - settings.scale_down_window_s:
+    while state.wishes and state.wishes[0][0] < now - window_s:
         state.wishes.popleft()
     watched_s = now - state.first_s
     target: dict[Role, int] = {}
@@ -225,11 +229,9 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
             target[role], reasons[role] = want, SlaReason.SCALE_UP
         elif want == current:
             target[role], reasons[role] = current, SlaReason.NO_CHANGE
-        elif watched_s < settings.scale_down_window_s:
+        elif watched_s < window_s:
             target[role], reasons[role] = current, SlaReason.HOLD
-            role_diag[role]["hold"] = (
-                f"watched {watched_s:.0f} s of the {settings.scale_down_window_s:g} s window"
-            )
+            role_diag[role]["hold"] = f"watched {watched_s:.0f} s of the {window_s:.0f} s window"
         else:
             stable = max(w[role] for _, w in state.wishes)
             if stable < current:
@@ -246,6 +248,15 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
     order = (SlaReason.SCALE_UP, SlaReason.SCALE_DOWN, SlaReason.HOLD, SlaReason.NO_CHANGE)
     reason = next(r for r in order if r in reasons.values())
     return SlaResult(target, reason, "; ".join(notes), diagnostics)
+
+
+def scale_down_window_s(settings: SlaSettings, lead_s: float) -> float:
+    """How long a wish keeps its engines: `scale_down_window_leads` scaling latencies, at least
+    `scale_down_window_s`. An engine let go is back no sooner than one lead after it is needed
+    again, so the window scales with the lead: one lead is the ski-rental break-even (keeping an
+    idle engine that long costs what a restart does), and a second covers traffic that comes back
+    within it, which the recent peak predicts better than the level does (docs/scaling.md)."""
+    return max(settings.scale_down_window_s, settings.scale_down_window_leads * lead_s)
 
 
 def _bounded(value: int, bounds: RoleBounds) -> int:

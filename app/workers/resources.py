@@ -118,6 +118,7 @@ def make_sla_settings(deployment: DeploymentConfig, model: PerfModel | None) -> 
         trend_window_s=s.trend_window_s,
         lookback_s=s.lookback_s,
         scale_down_window_s=s.scale_down_window_s,
+        scale_down_window_leads=s.scale_down_window_leads,
         startup_estimate_s=s.startup_estimate_s,
         trend=s.trend,
         history_s=s.history_s,

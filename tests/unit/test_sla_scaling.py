@@ -40,6 +40,7 @@ from app.core.sla_scaling import (
     SlaSettings,
     SlaState,
     TrafficSample,
+    scale_down_window_s,
     sla_step,
 )
 from app.core.types import Role, RoleBounds
@@ -300,6 +301,8 @@ def test_b_decode_scale_down_waits_for_the_window_then_takes_its_highest_wish(h2
     run = Run(h200, settings, expected={"decode": high_wish})
     wishes: list[tuple[float, int]] = []
     first_s = TICK_S
+    # No scale-up, so no lead measured: two leads of the 120 s estimate.
+    window_s = 240.0
 
     def tick(num_req: float) -> tuple[SlaResult, int, int]:
         before = run.expected["decode"]
@@ -324,16 +327,17 @@ def test_b_decode_scale_down_waits_for_the_window_then_takes_its_highest_wish(h2
         now, target = run.now_s, result.replicas["decode"]  # type: ignore[index]
         decode = result.diagnostics["roles"]["decode"]
         reasons.append((now, result.reason))
+        assert result.diagnostics["scale_down_window_s"] == window_s
         if wish > before:  # up at once (a drop never gets here: see the next test)
             assert (target, result.reason) == (wish, SlaReason.SCALE_UP)
         elif wish == before:
             assert (target, result.reason) == (before, SlaReason.NO_CHANGE)
-        elif now - first_s < settings.scale_down_window_s:
+        elif now - first_s < window_s:
             # Not a full window watched yet: whatever the wish, nothing goes down.
             assert (target, result.reason) == (before, SlaReason.HOLD)
-            assert decode["hold"] == f"watched {now - first_s:.0f} s of the 300 s window"
+            assert decode["hold"] == f"watched {now - first_s:.0f} s of the 240 s window"
         else:
-            highest = max(w for t, w in wishes if t >= now - settings.scale_down_window_s)
+            highest = max(w for t, w in wishes if t >= now - window_s)
             if highest < before:
                 assert (target, result.reason) == (highest, SlaReason.SCALE_DOWN)
             else:
@@ -341,13 +345,13 @@ def test_b_decode_scale_down_waits_for_the_window_then_takes_its_highest_wish(h2
                 assert decode["hold"] == f"highest wish of the window is {highest}"
 
     # Both holds happened: first for the watch, then for the window's highest wish.
-    assert any(r == SlaReason.HOLD and t < first_s + 300 for t, r in reasons)
-    assert any(r == SlaReason.HOLD and t >= first_s + 300 for t, r in reasons)
+    assert any(r == SlaReason.HOLD and t < first_s + window_s for t, r in reasons)
+    assert any(r == SlaReason.HOLD and t >= first_s + window_s for t, r in reasons)
     # The first scale-down comes one tick after the last tick that wished the count held has
     # become older than the window (a wish exactly one window old still counts).
     held = max(r.replicas["decode"] for r in run.results)  # type: ignore[index]
     first_down = next(t for t, r in reasons if r == SlaReason.SCALE_DOWN)
-    assert first_down == max(t for t, w in wishes if w >= held) + settings.scale_down_window_s + TICK_S
+    assert first_down == max(t for t, w in wishes if w >= held) + window_s + TICK_S
     # Once the drop has left the lookback the dispersion is back to 1: the target is the low
     # traffic's own count.
     assert run.results[-1].diagnostics["demand"]["dispersion"] == 1.0
@@ -549,11 +553,28 @@ def test_e_lead_is_measured_from_order_to_ready(h200: PerfModel) -> None:
             settings.startup_estimate_s,
             False,
         )
+        # The scale-down window is two leads: 2 × the 120 s estimate.
+        assert result.diagnostics["scale_down_window_s"] == 240.0
     result = run.tick(100.0, ready={"prefill": need})
     assert run.now_s == ordered_s + startup_s
     assert run.state.lead_s == startup_s
     assert (result.diagnostics["lead_s"], result.diagnostics["lead_measured"]) == (startup_s, True)
     assert run.state.orders == {}
+    # ... and follows the measured lead: 2 × 45 s.
+    assert result.diagnostics["scale_down_window_s"] == 90.0
+
+
+def test_e_the_scale_down_window_is_leads_times_the_lead_with_a_floor(h200: PerfModel) -> None:
+    settings = settings_for(h200, ("prefill",), scale_down_window_s=60.0, scale_down_window_leads=2.0)
+    assert [scale_down_window_s(settings, lead) for lead in (0.0, 20.0, 30.0, 45.0, 300.0)] == [
+        60.0,
+        60.0,
+        60.0,
+        90.0,
+        600.0,
+    ]
+    fixed = replace(settings, scale_down_window_s=300.0, scale_down_window_leads=0.0)
+    assert [scale_down_window_s(fixed, lead) for lead in (0.0, 45.0, 600.0)] == [300.0] * 3
 
 
 def test_e_an_order_cancelled_by_a_lower_expected_count_measures_nothing(h200: PerfModel) -> None:
