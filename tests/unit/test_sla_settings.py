@@ -1,0 +1,48 @@
+"""Every `scaling:` field of a deployment reaches SLA scaling's settings, unchanged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from app.config import ScalingConfig, load_deployments
+from app.workers.resources import make_sla_settings
+from tests.support import demo_config
+
+# Fields that choose or pace the algorithm rather than tune it: the worker reads them itself.
+_NOT_SETTINGS = {"algorithm", "interval_s"}
+
+
+def test_every_scaling_field_reaches_the_settings_with_its_value(tmp_path: Path) -> None:
+    # A value unlike its default for every field, so that a field left out would keep the default.
+    given = {
+        "algorithm": "sla",
+        "quantile": 0.95,
+        "prefill_max_utilisation": 0.8,
+        "decode_itl_margin": 0.9,
+        "decode_peak_quantile": 0.97,
+        "level_window_s": 30.0,
+        "burst_window_s": 15.0,
+        "trend_window_s": 90.0,
+        "lookback_s": 400.0,
+        "scale_down_window_s": 90.0,
+        "scale_down_window_leads": 3.0,
+        "startup_estimate_s": 45.0,
+        "trend": False,
+        "history_s": 900.0,
+        "growth_quantile": 0.8,
+        "cold_start_growth": 2.0,
+    }
+    defaults = ScalingConfig()
+    assert set(given) | {"interval_s"} == set(ScalingConfig.model_fields)
+    assert all(given[k] != getattr(defaults, k) for k in given)
+    path = tmp_path / "deployments.yaml"
+    path.write_text(yaml.safe_dump(demo_config(scaling=given)))
+    deployment = load_deployments(path).deployments[0]
+
+    settings = make_sla_settings(deployment, None)
+
+    tuned = {k: v for k, v in given.items() if k not in _NOT_SETTINGS}
+    assert {k: getattr(settings, k) for k in tuned} == tuned
+    assert (settings.ttft_target_ms, settings.itl_target_ms) == (500, 50)
