@@ -119,7 +119,7 @@ class ScalingConfig(_Strict):
     interval_s: float = Field(default=5.0, gt=0)
     quantile: float = Field(default=0.99, gt=0, lt=1)
     prefill_max_utilisation: float = Field(default=0.9, gt=0, le=1)
-    decode_itl_margin: float = Field(default=0.95, gt=0, le=1)
+    decode_itl_margin: float = Field(default=1.0, gt=0, le=1)
     decode_peak_quantile: float = Field(default=0.99, gt=0, lt=1)
     level_window_s: float = Field(default=20.0, gt=0)
     burst_window_s: float = Field(default=10.0, gt=0)
@@ -132,8 +132,9 @@ class ScalingConfig(_Strict):
     # How long ordered engines take to serve, until the planner has measured it.
     startup_estimate_s: float = Field(default=120.0, ge=0)
     trend: bool = True
-    history_s: float = Field(default=600.0, gt=0)
-    growth_quantile: float = Field(default=0.97, gt=0, lt=1)
+    history_s: float = Field(default=1800.0, gt=0)
+    growth_quantile: float = Field(default=0.9, gt=0, lt=1)
+    growth_neighbour_share: float = Field(default=0.3, gt=0, le=1)
     # The forecast's headroom until the history has enough points to learn it from.
     cold_start_growth: float = Field(default=1.6, ge=1)
 

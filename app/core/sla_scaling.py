@@ -15,10 +15,10 @@ engine's latest forward pass (FPM) and the ready counts. Then, per role:
    `level_window_s` (20 s): a burst longer than the TTFT target builds a queue whatever the
    minute's mean, and the window follows it within a tick. Or, where more, the smoother
    `trend_window_s` level raised by its forecast: its growth over one lead in the traffic's own
-   history (the `growth_quantile` of level(t + lead) ÷ level(t) over `history_s`; until that
-   history has `growth_min_points`, `cold_start_growth`) and a ramp
-   under way (the level's slope over max(2 × trend window, lead), carried a lead ahead). The
-   forecast only ever raises the demand.
+   history (the `growth_quantile` of level(t + lead) ÷ level(t) over `history_s`, among the
+   pairs that started nearest the level now; until that history has `growth_min_points`,
+   `cold_start_growth`) and a ramp under way (the level's slope over max(2 × trend window,
+   lead), carried a lead ahead). The forecast only ever raises the demand.
    Lengths are the trend window's means and the ISL histogram of the samples kept (`lookback_s`);
    burstiness is the index of dispersion of the per-tick request counts.
 4. **Wish**: engines for that demand (`app/core/capacity.py`): prefill for the TTFT target
@@ -81,7 +81,7 @@ class SlaSettings:
     max_kv_tokens: int  # per decode engine
     quantile: float = 0.99
     prefill_max_utilisation: float = 0.9
-    decode_itl_margin: float = 0.95  # decode batches are sized for this share of the ITL target
+    decode_itl_margin: float = 1.0  # decode batches are sized for this share of the ITL target
     decode_peak_quantile: float = 0.99  # of the requests in flight, the count decode is sized for
     level_window_s: float = 20.0
     burst_window_s: float = 10.0
@@ -91,8 +91,11 @@ class SlaSettings:
     scale_down_window_leads: float = 2.0  # the window in scaling latencies (lead_s)
     startup_estimate_s: float = 120.0
     trend: bool = True
-    history_s: float = 600.0  # how much of the traffic's past the forecast's headroom learns from
-    growth_quantile: float = 0.97
+    history_s: float = 1800.0  # how much of the traffic's past the forecast's headroom learns from
+    growth_quantile: float = 0.9
+    # The headroom learns from this share of the history's pairs: those that started nearest the
+    # level now (1: all of them).
+    growth_neighbour_share: float = 0.3
     growth_min_points: int = 24
     cold_start_growth: float = 1.6
     scale_bounds: tuple[float, float] = (0.5, 4.0)
@@ -453,7 +456,13 @@ def _growth_quantiles(
     """How much each level grew over `lead_s`, as the traffic kept in the history did it: the
     `growth_quantile` of level(t + lead) ÷ level(t), at least 1, for prompt tokens and for
     requests in decode. The forecast's headroom is what the traffic actually did, not an assumed
-    shape. None until the history has `growth_min_points` such pairs."""
+    shape. None until the history has `growth_min_points` such pairs.
+
+    Only the pairs that started nearest the level now count (`growth_neighbour_share` of them,
+    at least `growth_min_points`, nearest by ratio): traffic grows differently from where it
+    stands. From a trough it tends to climb back, from a peak to fall, so a headroom learned from
+    the whole history is too thin in a trough and too wide at a peak, where the engines are
+    many and the waste is largest (docs/scaling.md)."""
     times = np.array([h[0] for h in history])
     later = np.searchsorted(times, times + lead_s)
     ok = later < len(times)
@@ -467,6 +476,11 @@ def _growth_quantiles(
             out.append(1.0)
             continue
         ratios = levels[later[pairs]] / levels[pairs]
+        now = levels[-1]
+        if now > 0 and settings.growth_neighbour_share < 1:
+            distance = np.abs(np.log(levels[pairs] / now))
+            keep = max(settings.growth_min_points, int(settings.growth_neighbour_share * len(ratios)))
+            ratios = ratios[np.argsort(distance, kind="stable")[:keep]]
         out.append(max(1.0, float(np.quantile(ratios, settings.growth_quantile))))
     return out[0], out[1]
 

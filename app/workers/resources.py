@@ -123,6 +123,7 @@ def make_sla_settings(deployment: DeploymentConfig, model: PerfModel | None) -> 
         trend=s.trend,
         history_s=s.history_s,
         growth_quantile=s.growth_quantile,
+        growth_neighbour_share=s.growth_neighbour_share,
         cold_start_growth=s.cold_start_growth,
     )
 

@@ -40,6 +40,7 @@ from app.core.sla_scaling import (
     SlaSettings,
     SlaState,
     TrafficSample,
+    _growth_quantiles,
     scale_down_window_s,
     sla_step,
 )
@@ -292,7 +293,8 @@ def drain_batches(target: int) -> list[int]:
 
 
 def test_b_decode_scale_down_waits_for_the_window_then_takes_its_highest_wish(h200: PerfModel) -> None:
-    settings = settings_for(h200, ("decode",))
+    # The drain below is built around a batch limit of 108: the limit at 95% of the ITL target.
+    settings = settings_for(h200, ("decode",), decode_itl_margin=0.95)
     high, low = 500.0, 150.0  # 100 req/s for a minute, then 30 req/s
     limit = batch_limit(h200, settings, 1.0)
     high_wish = decode_wish(h200, settings, high / TICK_S, 1.0)
@@ -664,3 +666,26 @@ def test_a_cold_start_forecasts_with_the_cold_headroom_until_the_history_has_its
     demand = result.diagnostics["demand"]
     assert (demand["growth"], demand["growth_learned"]) == ([1.0, 1.0], True)
     assert demand["token_rate_s"] == round(100.0 / TICK_S * ISL, 1)
+
+
+def test_a_the_growth_headroom_learns_from_pairs_that_started_near_the_level_now(h200: PerfModel) -> None:
+    """A square wave between 100 and 200 with a 240 s period: 120 s (one lead) after a trough
+    level the traffic is at 200 (x2), after a peak level at 100 (x0.5). The whole history's 0.9
+    quantile says x2 wherever the traffic stands; the pairs that started near the level now say
+    x2 in a trough and nothing (at least 1) at a peak."""
+    settings = settings_for(h200, ("prefill",), trend=True)
+    lead_s = settings.startup_estimate_s
+
+    def history(ending_high: bool) -> deque[tuple[float, float, float]]:
+        times = np.arange(0.0, 1800.0, TICK_S) + (120.0 if ending_high else 0.0)
+        levels = [200.0 if (t // 120) % 2 else 100.0 for t in times]
+        return deque((t, level, level / 10) for t, level in zip(times, levels, strict=True))
+
+    trough, peak = history(ending_high=False), history(ending_high=True)
+    assert (trough[-1][1], peak[-1][1]) == (100.0, 200.0)
+    everything = replace(settings, growth_neighbour_share=1.0)
+    assert _growth_quantiles(trough, lead_s, everything) == (2.0, 2.0)
+    assert _growth_quantiles(peak, lead_s, everything) == (2.0, 2.0)
+    assert settings.growth_neighbour_share == 0.3
+    assert _growth_quantiles(trough, lead_s, settings) == (2.0, 2.0)
+    assert _growth_quantiles(peak, lead_s, settings) == (1.0, 1.0)
