@@ -14,26 +14,35 @@ the settings of examples/replay.yaml (TTFT 1 s, ITL 30 ms, H200 Llama-3.1-8B
 FP8 profile). Columns: SLO attainment (TTFT and mean ITL both met), GPU-hours, GPU-hours over
 the oracle's lower bound, scaling actions, and replay speed (simulated seconds per wall second).
 
-    .venv/bin/python bench/replay_quality.py [--workers 2] [--quick]
+    .venv/bin/python bench/replay_quality.py [--workers 2] [--quick] [--policies planner]
+        [--scaling decode_itl_margin=0.95 ...] [--out FILE]
 
-`--quick` runs only delay 120 s and truth 1.0. Prints a markdown table and writes
-bench/results/replay_quality.json.
+`--quick` runs only delay 120 s and truth 1.0. `--scaling FIELD=VALUE` (repeatable) overrides a
+field of the deployment's `scaling:` section for every cell, which is how the variants in
+docs/benchmarks.md were measured. Prints a markdown table and writes
+bench/results/replay_quality.json (or `--out`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides  # noqa: E402
+from app.config import ScalingConfig  # noqa: E402
+from app.sim.config import DEFAULT_REPLAY_CONFIG, ReplayConfig, load_replay_config, with_overrides  # noqa: E402
 from app.sim.outputs import summarize  # noqa: E402
 from app.sim.replay import build_world, make_policy, run_policy  # noqa: E402
 from app.sim.workload import expand_rate, read_rate_curve, synthesize  # noqa: E402
@@ -55,16 +64,48 @@ def workload(name: str):
     return synthesize(day, azure, compress=24, seed=0)
 
 
-def run_cell(name: str, delay_s: float, truth_scale: float) -> list[dict]:
+def with_scaling(config: ReplayConfig, overrides: dict[str, Any]) -> ReplayConfig:
+    """The config with fields of its deployment's `scaling:` replaced, validated as the
+    deployments file would be (an unknown field or a bad value is an error)."""
+    if not overrides:
+        return config
+    deployment = config.deployment
+    scaling = ScalingConfig.model_validate({**deployment.scaling.model_dump(), **overrides})
+    return dataclasses.replace(config, deployment=deployment.model_copy(update={"scaling": scaling}))
+
+
+def parse_scaling(pairs: list[str]) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for pair in pairs:
+        field, sep, value = pair.partition("=")
+        if not sep or not field:
+            raise SystemExit(f"--scaling: expected FIELD=VALUE, got {pair!r}")
+        overrides[field] = yaml.safe_load(value)
+    try:
+        ScalingConfig.model_validate(overrides)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise SystemExit(f"--scaling {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    return overrides
+
+
+def run_cell(
+    name: str,
+    delay_s: float,
+    truth_scale: float,
+    policies: tuple[str, ...] = POLICIES,
+    scaling: dict | None = None,
+) -> list[dict]:
     config = with_overrides(
         load_replay_config(DEFAULT_REPLAY_CONFIG), startup_delay_s=delay_s, truth_scale=truth_scale
     )
+    config = with_scaling(config, scaling or {})
     requests = workload(name)
     started = time.perf_counter()
     world = build_world(config, requests)
     oracle_s = time.perf_counter() - started
     rows = []
-    for policy in POLICIES:
+    for policy in policies:
         result = run_policy(world, make_policy(policy, world), trace_name=name)
         s = summarize(result)
         rows.append(
@@ -92,13 +133,27 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--quick", action="store_true", help="delay 120 s and truth 1.0 only")
+    parser.add_argument(
+        "--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}"
+    )
+    parser.add_argument(
+        "--scaling", action="append", default=[], metavar="FIELD=VALUE", help="override a scaling: field"
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "replay_quality.json")
     args = parser.parse_args()
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown or not policies:
+        parser.error(
+            f"--policies: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(POLICIES)}"
+        )
+    scaling = parse_scaling(args.scaling)
     delays = (120,) if args.quick else DELAYS_S
     truths = (1.0,) if args.quick else TRUTH_SCALES
     cells = [(w, d, t) for w in WORKLOADS for d in delays for t in truths]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(run_cell, *cell) for cell in cells]
+        futures = [pool.submit(run_cell, *cell, policies, scaling) for cell in cells]
         rows = [row for f in futures for row in f.result()]
     wall_s = time.perf_counter() - started
 
@@ -115,9 +170,10 @@ def main() -> int:
             f"| {r['sim_s_per_wall_s']:.0f} |"
         )
     print(f"\n{len(rows)} replays in {wall_s:.0f} s with {args.workers} workers")
-    out = ROOT / "bench" / "results" / "replay_quality.json"
+    out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows, "wall_s": wall_s, "workers": args.workers}, indent=2))
+    record = {"rows": rows, "wall_s": wall_s, "workers": args.workers, "scaling": scaling}
+    out.write_text(json.dumps(record, indent=2))
     return 0
 
 
