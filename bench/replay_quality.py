@@ -41,8 +41,8 @@ from pydantic import ValidationError
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.config import ScalingConfig  # noqa: E402
-from app.sim.config import DEFAULT_REPLAY_CONFIG, ReplayConfig, load_replay_config, with_overrides  # noqa: E402
+from app.config import ScalingConfig, format_validation_error  # noqa: E402
+from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides  # noqa: E402
 from app.sim.outputs import summarize  # noqa: E402
 from app.sim.replay import build_world, make_policy, run_policy  # noqa: E402
 from app.sim.workload import expand_rate, read_rate_curve, synthesize  # noqa: E402
@@ -64,29 +64,23 @@ def workload(name: str):
     return synthesize(day, azure, compress=24, seed=0)
 
 
-def with_scaling(config: ReplayConfig, overrides: dict[str, Any]) -> ReplayConfig:
-    """The config with fields of its deployment's `scaling:` replaced, validated as the
-    deployments file would be (an unknown field or a bad value is an error)."""
-    if not overrides:
-        return config
-    deployment = config.deployment
-    scaling = ScalingConfig.model_validate({**deployment.scaling.model_dump(), **overrides})
-    return dataclasses.replace(config, deployment=deployment.model_copy(update={"scaling": scaling}))
-
-
-def parse_scaling(pairs: list[str]) -> dict[str, Any]:
+def scaling_with(pairs: list[str]) -> ScalingConfig | None:
+    """The replay deployment's `scaling:` section with `FIELD=VALUE` overrides, validated as the
+    deployments file would be (an unknown field or a bad value is a one-line error); None when
+    nothing is overridden."""
+    if not pairs:
+        return None
     overrides: dict[str, Any] = {}
     for pair in pairs:
         field, sep, value = pair.partition("=")
         if not sep or not field:
             raise SystemExit(f"--scaling: expected FIELD=VALUE, got {pair!r}")
         overrides[field] = yaml.safe_load(value)
+    current = load_replay_config(DEFAULT_REPLAY_CONFIG).deployment.scaling
     try:
-        ScalingConfig.model_validate(overrides)
+        return ScalingConfig.model_validate({**current.model_dump(), **overrides})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise SystemExit(f"--scaling {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
-    return overrides
+        raise SystemExit(format_validation_error("--scaling", exc)) from None
 
 
 def run_cell(
@@ -94,12 +88,14 @@ def run_cell(
     delay_s: float,
     truth_scale: float,
     policies: tuple[str, ...] = POLICIES,
-    scaling: dict | None = None,
+    scaling: ScalingConfig | None = None,
 ) -> list[dict]:
     config = with_overrides(
         load_replay_config(DEFAULT_REPLAY_CONFIG), startup_delay_s=delay_s, truth_scale=truth_scale
     )
-    config = with_scaling(config, scaling or {})
+    if scaling is not None:
+        deployment = config.deployment.model_copy(update={"scaling": scaling})
+        config = dataclasses.replace(config, deployment=deployment)
     requests = workload(name)
     started = time.perf_counter()
     world = build_world(config, requests)
@@ -147,7 +143,7 @@ def main() -> int:
         parser.error(
             f"--policies: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(POLICIES)}"
         )
-    scaling = parse_scaling(args.scaling)
+    scaling = scaling_with(args.scaling)
     delays = (120,) if args.quick else DELAYS_S
     truths = (1.0,) if args.quick else TRUTH_SCALES
     cells = [(w, d, t) for w in WORKLOADS for d in delays for t in truths]
@@ -172,7 +168,7 @@ def main() -> int:
     print(f"\n{len(rows)} replays in {wall_s:.0f} s with {args.workers} workers")
     out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"rows": rows, "wall_s": wall_s, "workers": args.workers, "scaling": scaling}
+    record = {"rows": rows, "wall_s": wall_s, "workers": args.workers, "scaling": args.scaling}
     out.write_text(json.dumps(record, indent=2))
     return 0
 
