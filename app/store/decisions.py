@@ -141,6 +141,11 @@ def propose_decision(
     """Apply the decision protocol to a new target; the caller commits."""
     lock_deployment(session, deployment)
     latest = latest_decision(session, deployment)
+    if latest is not None:
+        # The caller may have loaded it before the lock (a tick reads its snapshot first), and
+        # the session keeps the attributes it read then: an acknowledgement committed since
+        # would be judged as still pending, and superseded.
+        session.refresh(latest)
     latest_view = view_of(latest) if latest is not None else None
     outcome = judge(
         latest=latest_view,

@@ -219,6 +219,32 @@ def test_override_supersedes_a_pending_decision_at_once(sf):
     assert decision(sf, 1).status_reason == "override supersedes unacknowledged decision 1"
 
 
+def test_a_proposal_judges_the_latest_decision_as_committed_under_the_lock(sf):
+    # A tick reads its snapshot (the latest decision, pending) before it proposes; the
+    # orchestrator's acknowledgement commits in between. The proposal must see it succeeded: an
+    # SLA proposal supersedes only a decision still pending.
+    propose(sf, {"prefill": 2, "decode": 2}, source=DecisionSource.SLA)
+    with sf() as s, s.begin():
+        seen = dstore.latest_decision(s, "demo")
+        assert seen is not None and seen.status == "pending"
+        assert complete(sf, 1, DecisionStatus.SUCCEEDED, at=1) == ("applied", "succeeded")
+        result = dstore.propose_decision(
+            s,
+            deployment="demo",
+            target={"prefill": 3, "decode": 2},
+            source=DecisionSource.SLA,
+            reasons=["test"],
+            now=t(2),
+            ack_timeout_s=60.0,
+        )
+        assert (result.outcome.verdict, result.outcome.reason, result.retired) == (
+            Verdict.CREATE,
+            "no decision awaits acknowledgement",
+            None,
+        )
+    assert statuses(sf) == {1: "succeeded", 2: "pending"}
+
+
 def test_await_ack_false_never_waits(sf):
     propose(sf, {"prefill": 2, "decode": 2}, source=DecisionSource.THROUGHPUT, await_ack=False)
     assert propose(
