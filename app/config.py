@@ -126,15 +126,18 @@ class ScalingConfig(_Strict):
     trend_window_s: float = Field(default=60.0, gt=0)
     lookback_s: float = Field(default=300.0, gt=0)
     # The scale-down window: this many scaling latencies (as measured), at least
-    # `scale_down_window_s`. 0 leads: a fixed window of `scale_down_window_s`.
+    # `scale_down_window_s`. 0 leads (the default): a fixed window of `scale_down_window_s`; the
+    # forecast's headroom already covers the peak within a lead.
     scale_down_window_s: float = Field(default=60.0, ge=0)
-    scale_down_window_leads: float = Field(default=2.0, ge=0)
+    scale_down_window_leads: float = Field(default=0.0, ge=0)
     # How long ordered engines take to serve, until the planner has measured it.
     startup_estimate_s: float = Field(default=120.0, ge=0)
     trend: bool = True
     history_s: float = Field(default=1800.0, gt=0)
     growth_quantile: float = Field(default=0.9, gt=0, lt=1)
     growth_neighbour_share: float = Field(default=0.3, gt=0, le=1)
+    # Also estimate the headroom by quantile regression on the level (the larger estimate counts).
+    growth_regression: bool = True
     # The forecast's headroom until the history has enough points to learn it from.
     cold_start_growth: float = Field(default=1.6, ge=1)
 

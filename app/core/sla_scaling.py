@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -45,6 +46,8 @@ from enum import StrEnum
 from typing import Any
 
 import numpy as np
+from statsmodels.regression.quantile_regression import QuantReg
+from statsmodels.tools.sm_exceptions import IterationLimitWarning
 
 from app.core.capacity import (
     Bucket,
@@ -60,6 +63,7 @@ from app.core.types import Replicas, Role, RoleBounds
 
 EngineKey = tuple[str, int]
 _DISPERSION_MIN_TICKS = 6
+_QUANTREG_MAX_ITER = 2000
 
 
 class SlaReason(StrEnum):
@@ -88,7 +92,7 @@ class SlaSettings:
     trend_window_s: float = 60.0
     lookback_s: float = 300.0
     scale_down_window_s: float = 60.0  # the shortest scale-down window
-    scale_down_window_leads: float = 2.0  # the window in scaling latencies (lead_s)
+    scale_down_window_leads: float = 0.0  # the window in scaling latencies (lead_s)
     startup_estimate_s: float = 120.0
     trend: bool = True
     history_s: float = 1800.0  # how much of the traffic's past the forecast's headroom learns from
@@ -97,6 +101,7 @@ class SlaSettings:
     # level now (1: all of them).
     growth_neighbour_share: float = 0.3
     growth_min_points: int = 24
+    growth_regression: bool = True  # the pooled estimate of the headroom, besides the neighbours'
     cold_start_growth: float = 1.6
     scale_bounds: tuple[float, float] = (0.5, 4.0)
     scale_smoothing: float = 0.3  # EWMA weight of a tick's median ratio
@@ -150,6 +155,16 @@ class SlaResult:
 
 
 @dataclass(frozen=True)
+class Growth:
+    """How far the levels may rise within a lead: (prompt tokens, decode requests) ratios."""
+
+    tokens: float  # the larger of the two estimates
+    flight: float
+    neighbours: tuple[float, float]
+    regression: tuple[float, float] | None  # None: `growth_regression` is off
+
+
+@dataclass(frozen=True)
 class Demand:
     """What the engines must serve at `now + lead`."""
 
@@ -161,7 +176,7 @@ class Demand:
     osl: float
     mix: LengthMix
     dispersion: float  # index of dispersion of the per-tick request counts
-    growth: tuple[float, float] | None  # (prompt tokens, decode requests) growth over the lead
+    growth: Growth | None  # None: no forecast (`trend` off)
     growth_learned: bool  # False: the cold-start headroom (the history is still too short)
     ramp: tuple[float, float]  # slopes of the two levels per second (0 when falling)
 
@@ -203,8 +218,10 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         "in_flight_mean": round(demand.in_flight_mean, 1),
         "in_flight": round(demand.in_flight, 1),
         "dispersion": round(demand.dispersion, 2),
-        "growth": [round(g, 3) for g in demand.growth] if demand.growth else None,
+        "growth": [round(demand.growth.tokens, 3), round(demand.growth.flight, 3)] if demand.growth else None,
         "growth_learned": demand.growth_learned,
+        "growth_neighbours": _rounded(demand.growth.neighbours) if demand.growth_learned else None,
+        "growth_regression": _rounded(demand.growth.regression) if demand.growth_learned else None,
         "ramp_per_s": [round(r, 4) for r in demand.ramp],
         "isl_mean": round(demand.isl, 1),
         "isl_quantile": round(demand.mix.quantile, 1),
@@ -235,6 +252,11 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         elif watched_s < window_s:
             target[role], reasons[role] = current, SlaReason.HOLD
             role_diag[role]["hold"] = f"watched {watched_s:.0f} s of the {window_s:.0f} s window"
+        elif settings.trend and not demand.growth_learned:
+            # The window is short because the learned headroom covers the lead; until it is
+            # learned, nothing says which engines the next lead needs.
+            target[role], reasons[role] = current, SlaReason.HOLD
+            role_diag[role]["hold"] = "the forecast's headroom is not learned yet"
         else:
             stable = max(w[role] for _, w in state.wishes)
             if stable < current:
@@ -369,8 +391,9 @@ def _demand(state: SlaState, now: float, lead_s: float, settings: SlaSettings) -
     if settings.trend and growth is None:
         # Nothing learned yet is the widest uncertainty, not none: a cold start gets a wide
         # headroom until the history has its points (a service starting into a ramp).
-        growth = (settings.cold_start_growth, settings.cold_start_growth)
-    g_tokens, g_flight = growth or (1.0, 1.0)
+        cold = settings.cold_start_growth
+        growth = Growth(tokens=cold, flight=cold, neighbours=(cold, cold), regression=None)
+    g_tokens, g_flight = (growth.tokens, growth.flight) if growth else (1.0, 1.0)
     # A ramp under way goes on for the lead: its slope, carried from the middle of the window.
     ahead_s = lead_s + settings.trend_window_s / 2
     slope_window_s = max(2 * settings.trend_window_s, lead_s)
@@ -452,37 +475,81 @@ def _dispersion(items: list[TrafficSample]) -> float:
 
 def _growth_quantiles(
     history: deque[tuple[float, float, float]], lead_s: float, settings: SlaSettings
-) -> tuple[float, float] | None:
-    """How much each level grew over `lead_s`, as the traffic kept in the history did it: the
-    `growth_quantile` of level(t + lead) ÷ level(t), at least 1, for prompt tokens and for
-    requests in decode. The forecast's headroom is what the traffic actually did, not an assumed
-    shape. None until the history has `growth_min_points` such pairs.
+) -> Growth | None:
+    """How far each level rose within `lead_s`, as the traffic kept in the history did it: the
+    `growth_quantile` of max(level over [t, t + lead]) ÷ level(t), at least 1, for prompt tokens
+    and for requests in decode. The peak within the lead, not the level at its end: an engine let
+    go now is back no sooner than a lead later, so the engines kept now must serve everything up
+    to then. None until the history has `growth_min_points` such pairs.
 
-    Only the pairs that started nearest the level now count (`growth_neighbour_share` of them,
-    at least `growth_min_points`, nearest by ratio): traffic grows differently from where it
-    stands. From a trough it tends to climb back, from a peak to fall, so a headroom learned from
-    the whole history is too thin in a trough and too wide at a peak, where the engines are
-    many and the waste is largest (docs/scaling.md)."""
+    Two estimates, of which the larger counts (docs/scaling.md):
+    - **neighbours**: the empirical quantile among the pairs that started nearest the level now
+      (`growth_neighbour_share` of them, at least `growth_min_points`, nearest by ratio). From a
+      trough traffic tends to climb, from a peak to fall: a quantile over the whole history is
+      too thin in a trough and too wide at a peak, where the engines are many.
+    - **regression** (`growth_regression`): a linear quantile regression of the log growth on the
+      log of the level over the history's geometric mean, read at the level now. It pools every
+      pair, so it sees the pull back towards the usual level in a trough the history has no
+      neighbours for yet (the first trough), where the neighbours see only the flat trough."""
     times = np.array([h[0] for h in history])
     later = np.searchsorted(times, times + lead_s)
-    ok = later < len(times)
-    if ok.sum() < settings.growth_min_points:
+    starts = np.flatnonzero(later < len(times))
+    if len(starts) < settings.growth_min_points:
         return None
-    out = []
+    neighbours, regression = [], []
     for column in (1, 2):
         levels = np.array([h[column] for h in history])
-        pairs = ok & (levels > 0)
-        if not pairs.any():
-            out.append(1.0)
-            continue
-        ratios = levels[later[pairs]] / levels[pairs]
+        base = levels[starts]
+        peaks = np.array([levels[i : later[i] + 1].max() for i in starts])
+        pairs = base > 0
         now = levels[-1]
-        if now > 0 and settings.growth_neighbour_share < 1:
-            distance = np.abs(np.log(levels[pairs] / now))
-            keep = max(settings.growth_min_points, int(settings.growth_neighbour_share * len(ratios)))
-            ratios = ratios[np.argsort(distance, kind="stable")[:keep]]
-        out.append(max(1.0, float(np.quantile(ratios, settings.growth_quantile))))
-    return out[0], out[1]
+        if not pairs.any() or now <= 0:
+            neighbours.append(1.0)
+            regression.extend([1.0] if settings.growth_regression else [])
+            continue
+        log_growth = np.log(peaks[pairs] / base[pairs])
+        log_level = np.log(base[pairs])
+        near = log_growth
+        if settings.growth_neighbour_share < 1:
+            keep = max(settings.growth_min_points, int(settings.growth_neighbour_share * len(near)))
+            near = log_growth[np.argsort(np.abs(log_level - math.log(now)), kind="stable")[:keep]]
+        neighbours.append(max(1.0, math.exp(float(np.quantile(near, settings.growth_quantile)))))
+        if settings.growth_regression:
+            reference = float(np.log(levels[levels > 0]).mean())
+            predicted = _quantile_line(
+                log_level - reference, log_growth, settings.growth_quantile, math.log(now) - reference
+            )
+            regression.append(max(1.0, math.exp(predicted)))
+    return Growth(
+        tokens=max([neighbours[0], *regression[:1]]),
+        flight=max([neighbours[1], *regression[1:]]),
+        neighbours=(neighbours[0], neighbours[1]),
+        regression=(regression[0], regression[1]) if regression else None,
+    )
+
+
+def _quantile_line(x: np.ndarray, y: np.ndarray, quantile: float, at: float) -> float:
+    """The `quantile` of y given x = `at`, by linear quantile regression (statsmodels). Where x
+    does not vary or the fit fails, the plain quantile of y: the line has nothing to lean on."""
+    if np.ptp(x) <= 1e-9:
+        return float(np.quantile(y, quantile))
+    design = np.column_stack([np.ones_like(x), x])
+    with warnings.catch_warnings():
+        # Few distinct growths (steady traffic) converge slowly; the last iterate is still a line
+        # of the right quantile to within its tolerance. The fit also estimates its standard
+        # errors, which divide by zero when most residuals are 0; only the line is used.
+        warnings.simplefilter("ignore", IterationLimitWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        try:
+            intercept, slope = QuantReg(y, design).fit(q=quantile, max_iter=_QUANTREG_MAX_ITER).params
+        except (np.linalg.LinAlgError, ValueError):
+            return float(np.quantile(y, quantile))
+    value = float(intercept + slope * at)
+    return value if math.isfinite(value) else float(np.quantile(y, quantile))
+
+
+def _rounded(pair: tuple[float, float] | None) -> list[float] | None:
+    return [round(v, 3) for v in pair] if pair else None
 
 
 def _merged_buckets(items: list[TrafficSample]) -> list[Bucket]:

@@ -124,6 +124,7 @@ def make_sla_settings(deployment: DeploymentConfig, model: PerfModel | None) -> 
         history_s=s.history_s,
         growth_quantile=s.growth_quantile,
         growth_neighbour_share=s.growth_neighbour_share,
+        growth_regression=s.growth_regression,
         cold_start_growth=s.cold_start_growth,
     )
 

@@ -33,6 +33,7 @@ def test_every_scaling_field_reaches_the_settings_with_its_value(tmp_path: Path)
         "history_s": 900.0,
         "growth_quantile": 0.8,
         "growth_neighbour_share": 0.5,
+        "growth_regression": False,
         "cold_start_growth": 2.0,
     }
     defaults = ScalingConfig()
