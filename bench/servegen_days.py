@@ -44,7 +44,8 @@ def main() -> None:
         c = float(np.corrcoef(np.exp(logs[d]), np.exp(logs[d + 1]))[0, 1])
         correlations.append(c)
         print(f"| {d + 1} and {d + 2} | {c:+.2f} |")
-    print(f"\nmedian {np.median(correlations):+.2f}, range {min(correlations):+.2f} to {max(correlations):+.2f}\n")
+    low, high = min(correlations), max(correlations)
+    print(f"\nmedian {np.median(correlations):+.2f}, range {low:+.2f} to {high:+.2f}\n")
 
     day = logs[REPLAYED_DAY]
     shape = day - day.mean()

@@ -14,9 +14,10 @@ engine's latest forward pass (FPM) and the ready counts. Then, per role:
 3. **Demand**: the request rate of the busiest `burst_window_s` (10 s) of the last
    `level_window_s` (20 s): a burst longer than the TTFT target builds a queue whatever the
    minute's mean, and the window follows it within a tick. Or, where more, the smoother
-   `trend_window_s` level raised by its forecast: its growth over one lead in the traffic's own
-   history (the `growth_quantile` of level(t + lead) ÷ level(t) over `history_s`, among the
-   pairs that started nearest the level now; until that history has `growth_min_points`,
+   `trend_window_s` level raised by its forecast: the peak it reached within one lead in the
+   traffic's own history (the `growth_quantile` of max(level over [t, t + lead]) ÷ level(t) over
+   `history_s`, the larger of two estimates: among the pairs that started nearest the level now,
+   and by a quantile regression on the level; until that history has `growth_min_points`,
    `cold_start_growth`) and a ramp under way (the level's slope over max(2 × trend window,
    lead), carried a lead ahead). The forecast only ever raises the demand.
    Lengths are the trend window's means and the ISL histogram of the samples kept (`lookback_s`);
@@ -27,8 +28,9 @@ engine's latest forward pass (FPM) and the ready counts. Then, per role:
    against the largest batch meeting `decode_itl_margin` × the target; decode also for the
    requests the engines actually hold or queue now, when that is more.
 5. **Target**: up at once to the wish; down only to the highest wish of the scale-down window
-   (`scale_down_window_leads` measured leads, at least `scale_down_window_s`), and not before
-   the planner has watched a full window.
+   (`scale_down_window_s`, or `scale_down_window_leads` measured leads when that is longer), not
+   before the planner has watched a full window, and not before the headroom is learned: the
+   headroom, not the window, covers the lead.
 
 Nothing here reads the clock: `now_s` comes with the input. State (the samples, wishes and
 measured scales) is an explicit object the caller keeps between ticks.
@@ -91,7 +93,7 @@ class SlaSettings:
     burst_window_s: float = 10.0
     trend_window_s: float = 60.0
     lookback_s: float = 300.0
-    scale_down_window_s: float = 60.0  # the shortest scale-down window
+    scale_down_window_s: float = 60.0  # the scale-down window (the shortest, counted in leads)
     scale_down_window_leads: float = 0.0  # the window in scaling latencies (lead_s)
     startup_estimate_s: float = 120.0
     trend: bool = True
@@ -276,11 +278,10 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
 
 
 def scale_down_window_s(settings: SlaSettings, lead_s: float) -> float:
-    """How long a wish keeps its engines: `scale_down_window_leads` scaling latencies, at least
-    `scale_down_window_s`. An engine let go is back no sooner than one lead after it is needed
-    again, so the window scales with the lead: one lead is the ski-rental break-even (keeping an
-    idle engine that long costs what a restart does), and a second covers traffic that comes back
-    within it, which the recent peak predicts better than the level does (docs/scaling.md)."""
+    """How long a wish keeps its engines: `scale_down_window_s`, or `scale_down_window_leads`
+    scaling latencies when that is longer (0 leads by default). The headroom already covers the
+    peak within one lead, so the window only filters the wish's tick-to-tick noise; a window in
+    leads trades GPU-hours for fewer restarts (docs/scaling.md)."""
     return max(settings.scale_down_window_s, settings.scale_down_window_leads * lead_s)
 
 

@@ -725,7 +725,9 @@ def test_a_the_headroom_is_the_peak_within_the_lead_not_the_level_at_its_end(h20
     the next 120 s (one lead): the peak within the lead is x3 at the 0.9 quantile. The level at
     the lead's end is in a spike from one start in twelve, too few to move that quantile off x1.
     The engines kept now must serve the spike, so the peak is what counts."""
-    settings = settings_for(h200, ("prefill",), trend=True, growth_neighbour_share=1.0, growth_regression=False)
+    settings = settings_for(
+        h200, ("prefill",), trend=True, growth_neighbour_share=1.0, growth_regression=False
+    )
     lead_s = settings.startup_estimate_s
     times = np.arange(0.0, 1800.0, TICK_S)
     levels = np.array([300.0 if t % 240 >= 220 else 100.0 for t in times])
@@ -738,8 +740,9 @@ def test_a_the_headroom_is_the_peak_within_the_lead_not_the_level_at_its_end(h20
 
 def test_a_the_regression_reads_a_first_trough_as_a_way_back_to_the_usual_level(h200: PerfModel) -> None:
     """Every dip so far (a minute at 150, every four minutes) came back to 200 within a lead. Then
-    a trough at 100, lower than anything seen, for 5 minutes: its nearest pairs all started in
-    the flat trough and say x1; the regression on the level, pooled over every pair, reads the
+    a trough at 100, lower than anything seen, for 5 minutes: its nearest pairs (10% here, 33
+    of them; the trough has 36 whose lead is in the history) all started in the flat trough and
+    say x1; the regression on the level, pooled over every pair, reads the
     trough as the way back to 200 (x2) that the dips showed, and the larger estimate counts."""
     settings = settings_for(h200, ("prefill",), trend=True, growth_neighbour_share=0.1)
     times = np.arange(0.0, 1800.0, TICK_S)
@@ -754,7 +757,9 @@ def test_a_the_regression_reads_a_first_trough_as_a_way_back_to_the_usual_level(
     assert growth is not None and growth.neighbours == (1.0, 1.0)
     assert growth.regression == pytest.approx((2.0, 2.0), rel=1e-4)
     assert (growth.tokens, growth.flight) == growth.regression
-    alone = _growth_quantiles(history, settings.startup_estimate_s, replace(settings, growth_regression=False))
+    alone = _growth_quantiles(
+        history, settings.startup_estimate_s, replace(settings, growth_regression=False)
+    )
     assert alone is not None and (alone.tokens, alone.flight) == (1.0, 1.0)
 
 
