@@ -497,6 +497,7 @@ def _growth_quantiles(
     starts = np.flatnonzero(later < len(times))
     if len(starts) < settings.growth_min_points:
         return None
+    # Both estimates are at least 1 (the forecast only ever raises the demand).
     neighbours, regression = [], []
     for column in (1, 2):
         levels = np.array([h[column] for h in history])
@@ -506,7 +507,7 @@ def _growth_quantiles(
         now = levels[-1]
         if not pairs.any() or now <= 0:
             neighbours.append(1.0)
-            regression.extend([1.0] if settings.growth_regression else [])
+            regression.append(1.0)
             continue
         log_growth = np.log(peaks[pairs] / base[pairs])
         log_level = np.log(base[pairs])
@@ -515,17 +516,18 @@ def _growth_quantiles(
             keep = max(settings.growth_min_points, int(settings.growth_neighbour_share * len(near)))
             near = log_growth[np.argsort(np.abs(log_level - math.log(now)), kind="stable")[:keep]]
         neighbours.append(max(1.0, math.exp(float(np.quantile(near, settings.growth_quantile)))))
+        predicted = 0.0
         if settings.growth_regression:
             reference = float(np.log(levels[levels > 0]).mean())
             predicted = _quantile_line(
                 log_level - reference, log_growth, settings.growth_quantile, math.log(now) - reference
             )
-            regression.append(max(1.0, math.exp(predicted)))
+        regression.append(max(1.0, math.exp(predicted)))
     return Growth(
-        tokens=max([neighbours[0], *regression[:1]]),
-        flight=max([neighbours[1], *regression[1:]]),
+        tokens=max(neighbours[0], regression[0]),
+        flight=max(neighbours[1], regression[1]),
         neighbours=(neighbours[0], neighbours[1]),
-        regression=(regression[0], regression[1]) if regression else None,
+        regression=(regression[0], regression[1]) if settings.growth_regression else None,
     )
 
 
