@@ -17,7 +17,8 @@ engine's latest forward pass (FPM) and the ready counts. Then, per role:
    `trend_window_s` level raised by its forecast: the peak it reached within one lead in the
    traffic's own history (the `growth_quantile` of max(level over [t, t + lead]) ÷ level(t) over
    `history_s`, the larger of two estimates: among the pairs that started nearest the level now,
-   and by a quantile regression on the level; until that history has `growth_min_points`,
+   and by a quantile regression on the level, capped at the way back to the history's median
+   level; until that history has `growth_min_points`,
    `cold_start_growth`) and a ramp under way (the level's slope over max(2 × trend window,
    lead), carried a lead ahead). The forecast only ever raises the demand.
    Lengths are the trend window's means and the ISL histogram of the samples kept (`lookback_s`);
@@ -164,6 +165,8 @@ class Growth:
     flight: float
     neighbours: tuple[float, float]
     regression: tuple[float, float] | None  # None: `growth_regression` is off
+    # The regression's ceiling: the history's median level over the level now (None: off)
+    ceiling: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -224,6 +227,7 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         "growth_learned": demand.growth_learned,
         "growth_neighbours": _rounded(demand.growth.neighbours) if demand.growth_learned else None,
         "growth_regression": _rounded(demand.growth.regression) if demand.growth_learned else None,
+        "growth_regression_ceiling": _rounded(demand.growth.ceiling) if demand.growth_learned else None,
         "ramp_per_s": [round(r, 4) for r in demand.ramp],
         "isl_mean": round(demand.isl, 1),
         "isl_quantile": round(demand.mix.quantile, 1),
@@ -491,14 +495,15 @@ def _growth_quantiles(
     - **regression** (`growth_regression`): a linear quantile regression of the log growth on the
       log of the level over the history's geometric mean, read at the level now. It pools every
       pair, so it sees the pull back towards the usual level in a trough the history has no
-      neighbours for yet (the first trough), where the neighbours see only the flat trough."""
+      neighbours for yet (the first trough), where the neighbours see only the flat trough. It
+      is capped at that way back: the history's median level over the level now (`ceiling`)."""
     times = np.array([h[0] for h in history])
     later = np.searchsorted(times, times + lead_s)
     starts = np.flatnonzero(later < len(times))
     if len(starts) < settings.growth_min_points:
         return None
     # Both estimates are at least 1 (the forecast only ever raises the demand).
-    neighbours, regression = [], []
+    neighbours, regression, ceiling = [], [], []
     for column in (1, 2):
         levels = np.array([h[column] for h in history])
         base = levels[starts]
@@ -508,6 +513,7 @@ def _growth_quantiles(
         if not pairs.any() or now <= 0:
             neighbours.append(1.0)
             regression.append(1.0)
+            ceiling.append(1.0)
             continue
         log_growth = np.log(peaks[pairs] / base[pairs])
         log_level = np.log(base[pairs])
@@ -517,17 +523,24 @@ def _growth_quantiles(
             near = log_growth[np.argsort(np.abs(log_level - math.log(now)), kind="stable")[:keep]]
         neighbours.append(max(1.0, math.exp(float(np.quantile(near, settings.growth_quantile)))))
         predicted = 0.0
+        # The way back to the usual level, and no further: a straight line along the history's
+        # upper envelope can read far more deep in a trough (ServeGen's first: x4, where the way
+        # back to the usual level was x2), and above that level the neighbours know better.
+        median = float(np.median(levels))
+        usual = math.log(median / now) if median > 0 else 0.0
         if settings.growth_regression:
             reference = float(np.log(levels[levels > 0]).mean())
             predicted = _quantile_line(
                 log_level - reference, log_growth, settings.growth_quantile, math.log(now) - reference
             )
-        regression.append(max(1.0, math.exp(predicted)))
+        regression.append(max(1.0, math.exp(min(predicted, usual))))
+        ceiling.append(math.exp(usual))
     return Growth(
         tokens=max(neighbours[0], regression[0]),
         flight=max(neighbours[1], regression[1]),
         neighbours=(neighbours[0], neighbours[1]),
         regression=(regression[0], regression[1]) if settings.growth_regression else None,
+        ceiling=(ceiling[0], ceiling[1]) if settings.growth_regression else None,
     )
 
 

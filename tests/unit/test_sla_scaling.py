@@ -41,6 +41,7 @@ from app.core.sla_scaling import (
     SlaState,
     TrafficSample,
     _growth_quantiles,
+    _quantile_line,
     scale_down_window_s,
     sla_step,
 )
@@ -700,8 +701,10 @@ def test_a_the_growth_headroom_learns_from_pairs_that_started_near_the_level_now
     """A square wave between 100 and 200 with a 240 s period: within 120 s (one lead) of a
     trough level the traffic reaches 200 (x2); within 120 s of a peak level it never exceeds
     that peak (x1). The whole history's 0.9 quantile says x2 wherever the traffic stands; the
-    pairs that started near the level now say x2 in a trough and x1 at a peak, and so does the
-    regression on the level."""
+    pairs that started near the level now say x2 in a trough and x1 at a peak. The regression
+    on the level says x1 at a peak too; in the trough its line reads x2, but it is capped at the
+    way back to the median level, and here the median is the trough's own 100 (8 of the 15
+    half-periods kept): the neighbours' x2 is what counts there."""
     settings = settings_for(h200, ("prefill",), trend=True)
     lead_s = settings.startup_estimate_s
 
@@ -716,7 +719,7 @@ def test_a_the_growth_headroom_learns_from_pairs_that_started_near_the_level_now
     assert growth_of(trough, lead_s, everything) == ((2.0, 2.0), (2.0, 2.0), None)
     assert growth_of(peak, lead_s, everything) == ((2.0, 2.0), (2.0, 2.0), None)
     assert (settings.growth_neighbour_share, settings.growth_regression) == (0.3, True)
-    assert growth_of(trough, lead_s, settings) == ((2.0, 2.0), (2.0, 2.0), (2.0, 2.0))
+    assert growth_of(trough, lead_s, settings) == ((2.0, 2.0), (2.0, 2.0), (1.0, 1.0))
     assert growth_of(peak, lead_s, settings) == ((1.0, 1.0), (1.0, 1.0), (1.0, 1.0))
 
 
@@ -761,6 +764,51 @@ def test_a_the_regression_reads_a_first_trough_as_a_way_back_to_the_usual_level(
         history, settings.startup_estimate_s, replace(settings, growth_regression=False)
     )
     assert alone is not None and (alone.tokens, alone.flight) == (1.0, 1.0)
+
+
+def test_a_the_regression_reads_a_trough_no_further_than_the_way_back_to_the_usual_level(
+    h200: PerfModel,
+) -> None:
+    """Every dip to 150 so far was followed, a minute later, by a 20 s spike to 300; the usual
+    level (the history's median) is 200. Then a trough at 100 for 5 minutes. The line through
+    the dips' growth (x2 from 150 to the spike) reads the trough as x3, the spike's peak; the
+    regression is capped at the way back to the usual level, x2."""
+    settings = settings_for(h200, ("prefill",), trend=True, growth_neighbour_share=0.1)
+    lead_s = settings.startup_estimate_s
+    times = np.arange(0.0, 1800.0, TICK_S)
+
+    def level(t: float) -> float:
+        if t >= 1800.0 - 300.0:
+            return 100.0
+        minute = (t // 60) % 4
+        if minute == 1:
+            return 150.0
+        return 300.0 if minute == 2 and t % 60 < 20 else 200.0
+
+    history = deque((t, level(t), level(t) / 10) for t in times)
+    levels = np.array([h[1] for h in history])
+    starts = np.flatnonzero(np.searchsorted(times, times + lead_s) < len(times))
+    peaks = np.array([levels[i : np.searchsorted(times, times[i] + lead_s) + 1].max() for i in starts])
+    reference = float(np.log(levels).mean())
+    line = math.exp(
+        _quantile_line(
+            np.log(levels[starts]) - reference,
+            np.log(peaks / levels[starts]),
+            settings.growth_quantile,
+            math.log(100.0) - reference,
+        )
+    )
+    assert line == pytest.approx(3.0, rel=1e-4)
+    assert float(np.median(levels)) == 200.0
+    assert growth_of(history, lead_s, settings) == ((2.0, 2.0), (1.0, 1.0), (2.0, 2.0))
+    growth = _growth_quantiles(history, lead_s, settings)
+    assert growth is not None and growth.ceiling == (2.0, 2.0)
+    # Just below the usual level, at 190, the way back is x1.05 where the line reads x1.58: the
+    # ceiling binds there too, and the neighbours' own estimate (x1.5) is what counts.
+    at_190 = deque([*history][:-1] + [(times[-1], 190.0, 19.0)])
+    growth = _growth_quantiles(at_190, lead_s, settings)
+    assert growth is not None and growth.regression == pytest.approx((200 / 190, 200 / 190))
+    assert (growth.tokens, growth.flight) == growth.neighbours == (1.5, 1.5)
 
 
 def growth_of(
