@@ -522,17 +522,18 @@ def _growth_quantiles(
             keep = max(settings.growth_min_points, int(settings.growth_neighbour_share * len(near)))
             near = log_growth[np.argsort(np.abs(log_level - math.log(now)), kind="stable")[:keep]]
         neighbours.append(max(1.0, math.exp(float(np.quantile(near, settings.growth_quantile)))))
-        predicted = 0.0
-        # The way back to the usual level, and no further: a straight line along the history's
-        # upper envelope can read far more deep in a trough (ServeGen's first: x4, where the way
-        # back to the usual level was x2), and above that level the neighbours know better.
-        median = float(np.median(levels))
-        usual = math.log(median / now) if median > 0 else 0.0
+        predicted = usual = 0.0  # with the regression off: x1, which the neighbours outvote
         if settings.growth_regression:
             reference = float(np.log(levels[levels > 0]).mean())
             predicted = _quantile_line(
                 log_level - reference, log_growth, settings.growth_quantile, math.log(now) - reference
             )
+            # The way back to the usual level, and no further: a straight line along the
+            # history's upper envelope can read far more deep in a trough (ServeGen's first: x4,
+            # where the way back to the usual level was x2), and above that level the neighbours
+            # know better.
+            median = float(np.median(levels))
+            usual = math.log(median / now) if median > 0 else 0.0
         regression.append(max(1.0, math.exp(min(predicted, usual))))
         ceiling.append(math.exp(usual))
     return Growth(
