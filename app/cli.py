@@ -147,8 +147,8 @@ def _one_line_error(message: str) -> None:
 
 def cmd_plan(settings: Settings, args: argparse.Namespace) -> int:
     from app.core.errors import ProfileError
-    from app.core.interpolation import PerfModel
-    from app.core.replicas import what_if
+    from app.core.perf.interpolation import PerfModel
+    from app.core.seed.replicas import what_if
     from app.sources.profile_files import load_profile
 
     try:

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.core.throughput import ThroughputSettings
+from app.core.sla.settings import SlaTuning
 from app.core.types import Mode, Role, RoleBounds, roles_for_mode
 
 log = logging.getLogger(__name__)
@@ -30,17 +30,17 @@ class ConfigError(Exception):
 # --- deployments file -------------------------------------------------------------------------
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     # A typo in the YAML must be an error, not a silently ignored key.
     model_config = ConfigDict(extra="forbid")
 
 
-class SlaTargets(_Strict):
+class SlaTargets(Strict):
     ttft_ms: float = Field(gt=0)
     itl_ms: float = Field(gt=0)
 
 
-class RoleConfig(_Strict):
+class RoleConfig(Strict):
     gpus_per_engine: int = Field(default=1, ge=1)
     min_replicas: int = Field(default=1, ge=0)
     max_replicas: int = Field(default=100, ge=1)
@@ -56,19 +56,19 @@ class RoleConfig(_Strict):
         return self
 
 
-class VirtualConnectorConfig(_Strict):
+class VirtualConnectorConfig(Strict):
     type: Literal["virtual"]
     ack_timeout_s: float = Field(default=1800.0, gt=0)
 
 
-class NoneConnectorConfig(_Strict):
+class NoneConnectorConfig(Strict):
     """Advisory (shadow) mode: decide, persist and export, actuate nothing."""
 
     type: Literal["none"]
     ack_timeout_s: float = Field(default=1800.0, gt=0)
 
 
-class KubernetesConnectorConfig(_Strict):
+class KubernetesConnectorConfig(Strict):
     """Scale a Dynamo DynamoGraphDeployment (DGD); see docs/kubernetes.md."""
 
     type: Literal["kubernetes"]
@@ -88,12 +88,12 @@ ConnectorConfig = Annotated[
 ]
 
 
-class PredictorConfig(_Strict):
+class PredictorConfig(Strict):
     type: Literal["constant", "arima", "kalman", "prophet"] = "constant"
     params: dict[str, float | int | bool | str] = Field(default_factory=dict)
 
 
-class ThroughputConfig(_Strict):
+class ThroughputConfig(Strict):
     enabled: bool = True
     interval_s: float = Field(default=180.0, gt=0)
     predictor: PredictorConfig = Field(default_factory=PredictorConfig)
@@ -101,7 +101,7 @@ class ThroughputConfig(_Strict):
     warmup_trace: str | None = None
 
 
-class LoadConfig(_Strict):
+class LoadConfig(Strict):
     enabled: bool = False
     interval_s: float = Field(default=5.0, gt=0)
     sensitivity: float = Field(default=0.8, gt=0, le=1)
@@ -111,43 +111,25 @@ class LoadConfig(_Strict):
     engine_timeout_s: float = Field(default=30.0, gt=0)
 
 
-class ScalingConfig(_Strict):
-    """Which algorithm decides. `sla` is the planner's own (app/core/sla_scaling.py); `seed` is the
+class ScalingConfig(SlaTuning):
+    """Which algorithm decides, how often, and SLA scaling's tunables (declared once, with their
+    descriptions, in app/core/sla/settings.py). `sla` is the planner's own algorithm; `seed` is the
     reference's throughput and load modes, as the `throughput` and `load` sections set them."""
 
-    algorithm: Literal["sla", "seed"] = "seed"
-    interval_s: float = Field(default=5.0, gt=0)
-    quantile: float = Field(default=0.99, gt=0, lt=1)
-    prefill_max_utilisation: float = Field(default=0.9, gt=0, le=1)
-    decode_itl_margin: float = Field(default=1.0, gt=0, le=1)
-    decode_peak_quantile: float = Field(default=0.99, gt=0, lt=1)
-    level_window_s: float = Field(default=20.0, gt=0)
-    burst_window_s: float = Field(default=10.0, gt=0)
-    trend_window_s: float = Field(default=60.0, gt=0)
-    lookback_s: float = Field(default=300.0, gt=0)
-    # The scale-down window: this many scaling latencies (as measured), at least
-    # `scale_down_window_s`. 0 leads (the default): a fixed window of `scale_down_window_s`; the
-    # forecast's headroom already covers the peak within a lead.
-    scale_down_window_s: float = Field(default=60.0, ge=0)
-    scale_down_window_leads: float = Field(default=0.0, ge=0)
-    # How long ordered engines take to serve, until the planner has measured it.
-    startup_estimate_s: float = Field(default=120.0, ge=0)
-    trend: bool = True
-    history_s: float = Field(default=1800.0, gt=0)
-    growth_quantile: float = Field(default=0.9, gt=0, lt=1)
-    growth_neighbour_share: float = Field(default=0.3, gt=0, le=1)
-    # Also estimate the headroom by quantile regression on the level (the larger estimate counts).
-    growth_regression: bool = True
-    # The forecast's headroom until the history has enough points to learn it from.
-    cold_start_growth: float = Field(default=1.6, ge=1)
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    algorithm: Literal["sla", "seed"] = Field(
+        default="seed", description="sla: the planner's own algorithm; seed: the reference's two modes"
+    )
+    interval_s: float = Field(default=5.0, gt=0, description="how often SLA scaling ticks")
 
 
-class PrometheusSource(_Strict):
+class PrometheusSource(Strict):
     url: str
     labels: dict[str, str] = Field(default_factory=dict)
 
 
-class SourcesConfig(_Strict):
+class SourcesConfig(Strict):
     prometheus: PrometheusSource | None = None
     frontend_url: str | None = None
     # ZMQ endpoints of the engines' ForwardPassMetrics publishers, per role
@@ -155,7 +137,7 @@ class SourcesConfig(_Strict):
     fpm_endpoints: list[str] | dict[Role, list[str]] = Field(default_factory=list)
 
 
-class DeploymentConfig(_Strict):
+class DeploymentConfig(Strict):
     name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
     mode: Mode = "disagg"
     connector: ConnectorConfig
@@ -219,14 +201,6 @@ class DeploymentConfig(_Strict):
         """The configured min/max replicas of every role of the mode."""
         return {r: RoleBounds(self.role(r).min_replicas, self.role(r).max_replicas) for r in self.roles}
 
-    def throughput_settings(self, gpus_per_engine: dict[Role, int]) -> ThroughputSettings:
-        return ThroughputSettings(
-            interval_s=self.throughput.interval_s,
-            itl_target_ms=self.sla.itl_ms,
-            correction=self.throughput.correction,
-            gpus_per_engine=gpus_per_engine,
-        )
-
     @property
     def tick_interval_s(self) -> float:
         """The worker ticks at the fastest enabled cadence (the throughput interval if none is);
@@ -237,7 +211,7 @@ class DeploymentConfig(_Strict):
         return min(intervals) if intervals else self.throughput.interval_s
 
 
-class DeploymentsFile(_Strict):
+class DeploymentsFile(Strict):
     deployments: list[DeploymentConfig] = Field(min_length=1)
 
     @field_validator("deployments")

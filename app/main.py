@@ -20,17 +20,13 @@ from app.api.routes import decisions, diagnostics, health, overrides, plan
 from app.api.routes import deployments as deployment_routes
 from app.config import DeploymentsFile, Settings, load_deployments
 from app.connectors.virtual import DecisionHub, PgDecisionListener
-from app.metrics import PlannerMetrics
+from app.planner_setup import build_planner
+from app.reports.metrics import PlannerMetrics
 from app.store.db import is_postgres, make_engine, make_session_factory
 from app.store.decisions import ensure_deployments
 from app.workers.clock import Clock, ScaledClock, SystemClock
 from app.workers.loop import DeploymentWorker, process_identity
-from app.workers.resources import (
-    build_model_resources,
-    make_connector,
-    make_fpm_subscribers,
-    make_source,
-)
+from app.workers.resources import make_connector, make_fpm_subscribers, make_source
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +49,7 @@ def create_app(
     base_dir = Path(settings.config).resolve().parent if Path(settings.config).is_file() else Path.cwd()
     metrics = PlannerMetrics()
     # Profiles and warm-up traces load here, so a broken file stops start-up with one line.
-    model_resources = {d.name: build_model_resources(d, base_dir=base_dir) for d in deployments.deployments}
+    planners = {d.name: build_planner(d, base_dir=base_dir) for d in deployments.deployments}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -80,7 +76,7 @@ def create_app(
                 metrics=metrics,
                 clock=app.state.clock,
                 holder=holder,
-                resources=model_resources[d.name],
+                planner=planners[d.name],
                 source=make_source(d, http, monotonic=scaled_monotonic),
                 connector=make_connector(d),
                 fpm=make_fpm_subscribers(d, monotonic=scaled_monotonic),

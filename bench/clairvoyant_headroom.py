@@ -1,7 +1,7 @@
 """How much of the planner's cost over the oracle is its forecast? The planner replayed with a
 clairvoyant headroom, against the same cells of bench/replay_quality.py.
 
-The learned headroom (`_growth_quantiles` in app/core/sla_scaling.py: a quantile of how far the
+The learned headroom (`_growth_quantiles` in app/core/sla/demand.py: a quantile of how far the
 level rose within one lead in the traffic's own past) is replaced, in this process only, by the
 truth read from the trace: the highest 60 s request and prompt-token rate centred anywhere in
 [now, now + lead], over the trailing 60 s rates now (the planner's trend level). The ramp term is
@@ -32,7 +32,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from replay_quality import DELAYS_S, WORKLOADS, run_cell, workload  # noqa: E402
 
-import app.core.sla_scaling as sla  # noqa: E402
+import app.core.sla.demand as sla_demand  # noqa: E402
+import app.core.sla.step as sla_step  # noqa: E402
+from app.core.sla.types import Growth  # noqa: E402
 
 LEVEL_S = 60.0  # the planner's trend window
 STEP_S = 5.0
@@ -52,7 +54,7 @@ def clairvoyant(name: str) -> None:
         return (last - first) / LEVEL_S, (tokens[last] - tokens[first]) / LEVEL_S
 
     now_s = [0.0]
-    learned_demand = sla._demand
+    learned_demand = sla_demand.demand_at
 
     def demand(state, now, lead_s, settings):  # type: ignore[no-untyped-def]
         now_s[0] = now
@@ -62,14 +64,14 @@ def clairvoyant(name: str) -> None:
         now = now_s[0]
         requests_now, tokens_now = rates(np.array([now]))
         if requests_now[0] <= 0:
-            return sla.Growth(1.0, 1.0, (1.0, 1.0), None)
+            return Growth(1.0, 1.0, (1.0, 1.0), None)
         ahead_requests, ahead_tokens = rates(np.arange(now, now + lead_s + 1e-9, STEP_S) + LEVEL_S / 2)
         g = (max(1.0, ahead_tokens.max() / tokens_now[0]), max(1.0, ahead_requests.max() / requests_now[0]))
-        return sla.Growth(g[0], g[1], g, None)
+        return Growth(g[0], g[1], g, None)
 
-    sla._demand = demand
-    sla._growth_quantiles = growth
-    sla._slopes = lambda *args, **kwargs: (0.0, 0.0)
+    sla_step.demand_at = demand  # the step's own reference to `demand_at`
+    sla_demand._growth_quantiles = growth
+    sla_demand._slopes = lambda *args, **kwargs: (0.0, 0.0)
 
 
 def one(cell: tuple[str, float]) -> dict:

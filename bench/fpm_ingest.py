@@ -51,7 +51,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import msgpack  # noqa: E402
 import zmq  # noqa: E402
 
-from app.core.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics  # noqa: E402
+from app.core.perf.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics  # noqa: E402
 from app.sources.fpm import DEFAULT_RCVHWM, FpmSubscriber  # noqa: E402
 
 RESULTS = REPO_ROOT / "bench" / "results" / "fpm_ingest.json"

@@ -23,14 +23,16 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.core.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics  # noqa: E402
-from app.core.load import LoadInput, LoadModels, LoadSettings, load_step  # noqa: E402
+from app.core.perf.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics  # noqa: E402
+from app.core.seed.load import load_step  # noqa: E402
+from app.core.seed.load_models import LoadModels  # noqa: E402
+from app.core.seed.load_types import LoadInput, LoadSettings  # noqa: E402
 from app.core.types import RoleBounds  # noqa: E402
 from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides  # noqa: E402
 from app.sim.outputs import summarize  # noqa: E402
@@ -79,7 +81,7 @@ def load_tick_times(ticks: int, engines_per_role: int = 32) -> dict:
         max_num_batched_tokens=8192,
         max_kv_tokens=945_029,
     )
-    start = datetime(2026, 11, 29, tzinfo=UTC)
+    start_s = datetime(2026, 11, 29, tzinfo=UTC).timestamp()
     times_ms = []
     reasons: dict[str, int] = {}
     for tick in range(ticks):
@@ -91,7 +93,7 @@ def load_tick_times(ticks: int, engines_per_role: int = 32) -> dict:
             LoadInput(
                 fpm=fpm,
                 ready={"prefill": engines_per_role, "decode": engines_per_role},
-                now=start + timedelta(seconds=5 * tick),
+                now_s=start_s + 5 * tick,
             ),
             settings,
         )

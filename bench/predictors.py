@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import numpy as np  # noqa: E402
 
-from app.core.predictors import SeriesPredictor, TrafficPredictor, make_predictor  # noqa: E402
+from app.core.seed.predictors import SeriesPredictor, TrafficPredictor, make_predictor  # noqa: E402
 from app.core.traces import bucket_requests  # noqa: E402
 from app.core.types import TrafficObservation  # noqa: E402
 from app.sources.traces import load_trace  # noqa: E402

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import msgpack  # noqa: E402
 import zmq  # noqa: E402
 
-from app.core.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics  # noqa: E402
+from app.core.perf.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics  # noqa: E402
 
 MODES = ("good", "malformed", "stop-after", "gaps", "heartbeats")
 GARBAGE_KINDS = ("frames", "short-sequence", "not-msgpack", "missing-fields", "negative-count")

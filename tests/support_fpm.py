@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.core.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics
+from app.core.perf.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics
 
 
 def fpm(

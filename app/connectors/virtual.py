@@ -20,7 +20,7 @@ import psycopg
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.metrics import PlannerMetrics
+from app.reports.metrics import PlannerMetrics
 from app.store.decisions import (
     NOTIFY_CHANNEL,
     get_decision_or_raise,

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from enum import StrEnum
 
 from app.core.types import DecisionSource, DecisionStatus, DecisionView, Replicas
@@ -30,11 +29,11 @@ class ProtocolOutcome:
     retire_latest_as: DecisionStatus | None = None
 
 
-def ack_overdue(latest: DecisionView | None, now: datetime, ack_timeout_s: float) -> bool:
+def ack_overdue(latest: DecisionView | None, now_s: float, ack_timeout_s: float) -> bool:
     return (
         latest is not None
         and latest.status == DecisionStatus.PENDING
-        and (now - latest.created_at).total_seconds() >= ack_timeout_s
+        and now_s - latest.created_s >= ack_timeout_s
     )
 
 
@@ -43,7 +42,7 @@ def judge(
     latest: DecisionView | None,
     target: Replicas,
     source: DecisionSource,
-    now: datetime,
+    now_s: float,
     ack_timeout_s: float,
     await_ack: bool = True,
 ) -> ProtocolOutcome:
@@ -75,13 +74,13 @@ def judge(
             f"override supersedes unacknowledged decision {latest.id}",
             DecisionStatus.SUPERSEDED,
         )
-    if ack_overdue(latest, now, ack_timeout_s):
+    if ack_overdue(latest, now_s, ack_timeout_s):
         return ProtocolOutcome(
             Verdict.CREATE,
             f"decision {latest.id} unacknowledged for over {ack_timeout_s:g} s: expired",
             DecisionStatus.EXPIRED,
         )
-    age_s = (now - latest.created_at).total_seconds()
+    age_s = now_s - latest.created_s
     return ProtocolOutcome(
         Verdict.AWAITING_ACK,
         f"decision {latest.id} unacknowledged for {age_s:.0f} s (timeout {ack_timeout_s:g} s)",

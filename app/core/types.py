@@ -1,20 +1,15 @@
-"""Boundary types of the decision core. Units are in the names; times are aware UTC datetimes.
+"""Boundary types of the decision core. Units are in the names; times are seconds (`*_s`) on the
+caller's clock: Unix time in the service, the simulator's clock in a replay.
 
-Everything here is plain data: the worker loop builds a `TickSnapshot`, the core returns a
-`TickResult`, the store persists both. Nothing in `app/core` reads the clock or does I/O.
+Everything here is plain data shared by the core's rooms and its adapters; it imports nothing else
+from the core. Nothing in `app/core` reads the clock or does I/O.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from app.core.load import LoadTick
-    from app.core.sla_scaling import SlaTick
-    from app.core.throughput import ThroughputInput, ThroughputSettings
+from typing import Any, Literal
 
 Mode = Literal["disagg", "agg", "prefill", "decode"]
 Role = Literal["prefill", "decode", "workers"]
@@ -34,6 +29,8 @@ def roles_for_mode(mode: str) -> tuple[Role, ...]:
 
 # A replica target names every role of the deployment's mode: {"prefill": 3, "decode": 5}.
 Replicas = dict[Role, int]
+# An engine, as its forward passes name it: (worker_id, dp_rank).
+EngineKey = tuple[str, int]
 
 
 class DecisionSource(StrEnum):
@@ -63,6 +60,10 @@ class RoleBounds:
     min_replicas: int
     max_replicas: int
 
+    def clamp(self, count: int) -> int:
+        """The one place a count is brought within its bounds."""
+        return max(self.min_replicas, min(self.max_replicas, count))
+
 
 @dataclass(frozen=True)
 class ActiveOverrides:
@@ -88,32 +89,7 @@ class DecisionView:
     replicas: Replicas
     source: DecisionSource
     status: DecisionStatus
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class TickSnapshot:
-    """Everything one tick may look at."""
-
-    deployment: str
-    roles: tuple[Role, ...]
-    config_bounds: dict[Role, RoleBounds]
-    overrides: ActiveOverrides
-    latest_decision: DecisionView | None
-    # Throughput scaling's inputs, when it is enabled (None: disabled).
-    throughput: ThroughputInput | None = None
-    throughput_settings: ThroughputSettings | None = None
-    gpus_per_engine: dict[Role, int] = field(default_factory=dict)
-    budget_gpus: int | None = None
-    # Load scaling's inputs on a load tick (None: not a load tick, or load scaling is off).
-    load: LoadTick | None = None
-    # With load scaling on, throughput only sets the floor of the load decisions.
-    load_enabled: bool = False
-    # SLA scaling's tick (None: the seed's modes decide).
-    sla: SlaTick | None = None
-    # A proposal made elsewhere (tests, later algorithms); None = no opinion.
-    proposal: Replicas | None = None
-    proposal_source: DecisionSource | None = None
+    created_s: float  # when it was made, in the tick's seconds
 
 
 @dataclass(frozen=True)
@@ -126,22 +102,6 @@ class Stage:
 
     def as_dict(self) -> dict[str, Any]:
         return {"stage": self.name, "replicas": self.replicas, "reason": self.reason}
-
-
-@dataclass(frozen=True)
-class TickResult:
-    """The core's answer for one tick: a target (or no opinion) with its reasons."""
-
-    target: Replicas | None
-    source: DecisionSource | None
-    stages: tuple[Stage, ...]
-    diagnostics: dict[str, Any]
-    # Both modes on: the floor this tick's throughput step set, for the load ticks that follow.
-    throughput_floor: Replicas | None = None
-
-    @property
-    def reasons(self) -> list[str]:
-        return [f"{s.name}: {s.reason}" for s in self.stages]
 
 
 @dataclass(frozen=True)
@@ -166,6 +126,36 @@ class TrafficObservation:
     def complete(self) -> bool:
         values = (self.num_req, self.isl, self.osl, self.ttft_ms, self.itl_ms)
         return all(v is not None and v == v for v in values)  # v == v is False for NaN
+
+    def then(self, later: TrafficObservation) -> TrafficObservation:
+        """This interval and the `later` one as one: durations, counts and histograms add, means
+        are weighted by their request counts (an unknown count makes the merged means unknown)."""
+        na, nb = self.num_req, later.num_req
+
+        def mean(a: float | None, b: float | None) -> float | None:
+            if na is None or nb is None:
+                return None
+            if not na:
+                return b
+            if not nb:
+                return a
+            if a is None or b is None:
+                return None
+            return (a * na + b * nb) / (na + nb)
+
+        counts: dict[float, float] = {}
+        for bound, n in (*self.isl_buckets, *later.isl_buckets):
+            counts[bound] = counts.get(bound, 0.0) + n
+        return TrafficObservation(
+            duration_s=self.duration_s + later.duration_s,
+            num_req=None if na is None or nb is None else na + nb,
+            isl=mean(self.isl, later.isl),
+            osl=mean(self.osl, later.osl),
+            ttft_ms=mean(self.ttft_ms, later.ttft_ms),
+            itl_ms=mean(self.itl_ms, later.itl_ms),
+            request_duration_s=mean(self.request_duration_s, later.request_duration_s),
+            isl_buckets=tuple(sorted(counts.items())),
+        )
 
 
 @dataclass(frozen=True)

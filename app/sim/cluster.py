@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from app.core.fpm import ForwardPassMetrics
+from app.core.perf.fpm import ForwardPassMetrics
 from app.core.traces import TraceRequest
 from app.sim.engines import DecodeEngine, PrefillEngine, SimRequest
 from app.sim.frontend import FrontendCounters

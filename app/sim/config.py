@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from app.config import (
     REPO_ROOT,
     ConfigError,
     DeploymentConfig,
+    Strict,
     format_validation_error,
     read_yaml_mapping,
     validate_deployments,
@@ -26,11 +27,7 @@ DEFAULT_REPLAY_CONFIG = REPO_ROOT / "examples" / "replay.yaml"
 POLICIES = ("planner", "seed", "static", "reactive", "oracle")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ReactiveConfig(_Strict):
+class ReactiveConfig(Strict):
     """The HPA-like baseline: per role, desired = ceil(current × metric ÷ target) when the ratio
     is off by more than `tolerance`; scale-down takes the highest desired count of the last
     `scale_down_window_s` (HPA's stabilisation window)."""
@@ -44,13 +41,13 @@ class ReactiveConfig(_Strict):
     decode_kv_target: float = Field(default=0.3, gt=0, le=1)
 
 
-class OracleConfig(_Strict):
+class OracleConfig(Strict):
     interval_s: float = Field(default=60.0, gt=0)
     # Share of each interval's requests whose TTFT must meet the target on the oracle's engines.
     quantile: float = Field(default=0.99, gt=0, le=1)
 
 
-class SimulationConfig(_Strict):
+class SimulationConfig(Strict):
     startup_delay_s: float = Field(default=120.0, ge=0)
     rate_scale: float = Field(default=1.0, gt=0)
     truth_scale: float = Field(default=1.0, gt=0)
@@ -64,7 +61,7 @@ class SimulationConfig(_Strict):
     oracle: OracleConfig = Field(default_factory=OracleConfig)
 
 
-class _SimulationSection(_Strict):
+class _SimulationSection(Strict):
     # Wrapped so that errors name the field as `simulation.startup_delay_s`.
     simulation: SimulationConfig
 

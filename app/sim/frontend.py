@@ -12,7 +12,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from app.core.types import TrafficObservation
-from app.sources.traffic import (
+from app.sources.traffic_common import (
     INPUT_SEQUENCE_TOKENS,
     ITL_SECONDS,
     OUTPUT_SEQUENCE_TOKENS,

@@ -34,7 +34,7 @@ import msgpack
 import uvicorn
 import zmq
 
-from app.core.fpm import ForwardPassMetrics
+from app.core.perf.fpm import ForwardPassMetrics
 from app.sim.cluster import ROLES, Cluster
 
 log = logging.getLogger(__name__)

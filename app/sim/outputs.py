@@ -1,14 +1,7 @@
 """A replay's outputs: summary.json, requests.csv, replicas.csv, decisions.csv and report.html.
 
-Per-request quantities are computed once, as numpy columns (`request_table`): a long trace has
-~600k requests, and a Python pass per request and per metric would dominate the write time.
-
-SLO rules (the same in the summary and in requests.csv's `met_slo`, so its mean is
-`slo_attainment`): a request meets its SLO when it finished, its TTFT is within the target and its
-mean ITL is within the target; a one-token output has no ITL, so only its TTFT counts.
-`ttft_attainment` counts every request whose first token came in time (even if its decode never
-finished); `itl_attainment` counts finished requests whose ITL is within target (one-token outputs
-included). Every attainment is a share of *all* requests: what was never served is a miss.
+Per-request quantities come from one `request_table` (`app/sim/request_table.py`, which also states
+the SLO rules), computed once and shared by every file written here.
 """
 
 from __future__ import annotations
@@ -16,7 +9,6 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +16,7 @@ import numpy as np
 
 from app.sim.cluster import ROLES, ReplicaSample
 from app.sim.engines import SimRequest
+from app.sim.request_table import RequestTable, request_table
 from app.sim.results import ReplayResult
 
 REQUEST_COLUMNS = (
@@ -45,62 +38,6 @@ DECISION_COLUMNS = ("at_s", "target_prefill", "target_decode", "reason")
 # would double the size of a 600k-row requests.csv.
 _SECONDS_DECIMALS = 6
 _MS_DECIMALS = 3
-
-
-@dataclass(frozen=True)
-class RequestTable:
-    """Per-request columns in request order; NaN where a value is not known."""
-
-    arrival_s: np.ndarray
-    isl: np.ndarray
-    osl: np.ndarray
-    ttft_ms: np.ndarray  # NaN: no first token
-    itl_ms: np.ndarray  # NaN: unfinished, or a one-token output
-    e2e_s: np.ndarray  # NaN: unfinished
-    finished: np.ndarray
-    met_ttft: np.ndarray
-    met_itl: np.ndarray  # True for a finished one-token output: it has no ITL to miss
-    met_slo: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.arrival_s.size)
-
-
-def request_table(
-    requests: Sequence[SimRequest], ttft_target_ms: float, itl_target_ms: float
-) -> RequestTable:
-    n = len(requests)
-    arrival_s = np.fromiter((r.arrival_s for r in requests), dtype=float, count=n)
-    isl = np.fromiter((r.isl for r in requests), dtype=np.int64, count=n)
-    osl = np.fromiter((r.osl for r in requests), dtype=np.int64, count=n)
-    # dtype=float turns None (not happened) into NaN, which every comparison below treats as a miss.
-    first_token_s = np.array([r.first_token_s for r in requests], dtype=float)
-    finish_s = np.array([r.finish_s for r in requests], dtype=float)
-
-    finished = ~np.isnan(finish_s)
-    ttft_ms = (first_token_s - arrival_s) * 1000.0
-    multi_token = osl > 1
-    itl_ms = np.full(n, np.nan)
-    np.divide(
-        (finish_s - first_token_s) * 1000.0,
-        osl - 1,
-        out=itl_ms,
-        where=multi_token & finished,
-    )
-    met_ttft = ttft_ms <= ttft_target_ms
-    met_itl = finished & (~multi_token | (itl_ms <= itl_target_ms))
-    return RequestTable(
-        arrival_s=arrival_s,
-        isl=isl,
-        osl=osl,
-        ttft_ms=ttft_ms,
-        itl_ms=itl_ms,
-        e2e_s=finish_s - arrival_s,
-        finished=finished,
-        met_ttft=met_ttft,
-        met_itl=met_itl,
-        met_slo=finished & met_ttft & met_itl,
-    )
 
 
 def _share(mask: np.ndarray) -> float | None:
@@ -227,7 +164,8 @@ def _write_decisions(path: Path, result: ReplayResult) -> None:
 def write_outputs(result: ReplayResult, out_dir: Path, *, summary: dict | None = None) -> dict[str, Path]:
     """Write every output file into `out_dir` (created if needed); returns their paths by kind:
     summary, requests, replicas, decisions, report."""
-    # report.py imports this module for the request table, so import it only when needed.
+    # Imported here, as before, so that importing this module for summarize() (the benchmarks do)
+    # does not load plotly; there is no cycle to hide any more (app/sim/request_table.py).
     from app.sim.report import render_report
 
     out_dir = Path(out_dir)

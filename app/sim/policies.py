@@ -16,8 +16,8 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
-from app.core.interpolation import PerfModel
-from app.core.replicas import plan_replicas
+from app.core.perf.interpolation import PerfModel
+from app.core.seed.replicas import plan_replicas
 from app.core.traces import TraceRequest, bucket_requests
 from app.embedding import EmbeddedPlanner, TickInput, TrafficWindow
 from app.sim.cluster import ROLES, Cluster

@@ -18,9 +18,10 @@ from typing import Any
 
 from app.config import ConfigError
 from app.core.errors import ProfileError
-from app.core.interpolation import PerfModel
+from app.core.perf.interpolation import PerfModel
 from app.core.traces import TraceRequest
 from app.embedding import EmbeddedPlanner
+from app.planner_setup import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from app.sim.cluster import ROLES, Cluster
 from app.sim.config import POLICIES, ReplayConfig
 from app.sim.oracle import OraclePlan, oracle_plan
@@ -28,7 +29,6 @@ from app.sim.policies import OraclePolicy, PlannerPolicy, Policy, ReactivePolicy
 from app.sim.results import DecisionEvent, ReplayResult
 from app.sim.truth import TruthModel
 from app.sources.profile_files import load_profile
-from app.workers.resources import DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 # How often the progress callback hears from a run, in simulated seconds.
 PROGRESS_STEP_S = 60.0

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from app.sim.cluster import ReplicaSample
-from app.sim.outputs import RequestTable, request_table
+from app.sim.request_table import RequestTable, request_table
 from app.sim.results import DecisionEvent, OracleStep, ReplayResult
 
 LOAD_BIN_S = 10.0

@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from app.core.interpolation import PerfModel
+from app.core.perf.interpolation import PerfModel
 
 
 class TruthModel:

@@ -42,7 +42,7 @@ import msgpack
 import zmq
 
 from app.core.errors import SourceUnavailableError
-from app.core.fpm import ForwardPassMetrics
+from app.core.perf.fpm import ForwardPassMetrics
 
 log = logging.getLogger(__name__)
 

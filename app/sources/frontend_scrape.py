@@ -19,7 +19,7 @@ Choices:
   undercounts the requests served between the last scrape and the restart; `last_notes` says so.
 - A series absent from the previous scrape is new (a model's first request): counted from 0.
 - A failed scrape keeps the old baseline: the next observation covers the longer interval.
-- The request count is exactly 0 → a confirmed idle window (means None, see traffic.py).
+- The request count is exactly 0 → a confirmed idle window (means None, see traffic_common.py).
 - The ISL histogram (`isl_buckets`): Σ Δ of each `le` bucket of
   `dynamo_frontend_input_sequence_tokens_bucket` over the model's series, made per-bucket. A
   series' buckets are reset together, with its `_sum`/`_count`: when any of them went down (or
@@ -39,7 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.core.errors import SourceUnavailableError
 from app.core.types import TrafficObservation
-from app.sources.traffic import (
+from app.sources.traffic_common import (
     HISTOGRAMS,
     INPUT_SEQUENCE_TOKENS,
     REQUEST_COUNTERS,

@@ -28,7 +28,7 @@ from typing import Any, Literal
 import numpy as np
 
 from app.core.errors import ProfileError
-from app.core.profile import (
+from app.core.perf.profile import (
     DECODE_KEYS,
     PREFILL_KEYS,
     Profile,

@@ -18,7 +18,7 @@ label filters (`{dynamo_namespace="ns",job="frontend"}`):
 
 - the ISL histogram: `sum by (model, dynamo_namespace, le) (increase(
   dynamo_frontend_input_sequence_tokens_bucket{S}[W]))`, the series of the matching model summed
-  per `le` (non-finite values skipped) and made per-bucket (`traffic.per_bucket_counts`). The
+  per `le` (non-finite values skipped) and made per-bucket (`traffic_common.per_bucket_counts`). The
   model stays in the grouping for the same reason as above: PromQL cannot match it without case,
   and another model's requests on the same frontend are not this deployment's. If this query
   fails or answers nothing, `isl_buckets` is empty and the observation otherwise unchanged.
@@ -26,7 +26,7 @@ label filters (`{dynamo_namespace="ns",job="frontend"}`):
 TTFT and ITL come in seconds and are reported in ms. All queries of one observation are evaluated
 at one instant (`time=`), the caller's `at` or this host's clock, so the halves of a ratio cannot
 straddle a scrape. A count of exactly 0 is a confirmed idle window: num_req 0 and every mean None
-(`app.sources.traffic.build_observation`). `duration_s` is the window actually queried.
+(`app.sources.traffic_common.build_observation`). `duration_s` is the window actually queried.
 
 Prometheus down, a timeout, an answer that is not the Prometheus API (HTML, not JSON, wrong
 shape) or `status: error` raise `SourceUnavailableError("prometheus", reason)`.
@@ -47,7 +47,7 @@ import httpx
 
 from app.core.errors import SourceUnavailableError
 from app.core.types import TrafficObservation
-from app.sources.traffic import (
+from app.sources.traffic_common import (
     HISTOGRAMS,
     INPUT_SEQUENCE_TOKENS,
     REQUEST_COUNTERS,

@@ -41,7 +41,7 @@ def view_of(decision: Decision) -> DecisionView:
         replicas=replicas_of(decision),
         source=DecisionSource(decision.source),
         status=DecisionStatus(decision.status),
-        created_at=decision.created_at,
+        created_s=decision.created_at.timestamp(),
     )
 
 
@@ -151,7 +151,7 @@ def propose_decision(
         latest=latest_view,
         target=target,
         source=source,
-        now=now,
+        now_s=now.timestamp(),
         ack_timeout_s=ack_timeout_s,
         await_ack=await_ack,
     )
@@ -188,7 +188,7 @@ def expire_overdue(
 ) -> Decision | None:
     """Mark the latest decision expired if it has waited for its acknowledgement too long."""
     latest = latest_decision(session, deployment)
-    if latest is None or not ack_overdue(view_of(latest), now, ack_timeout_s):
+    if latest is None or not ack_overdue(view_of(latest), now.timestamp(), ack_timeout_s):
         return None
     lock_deployment(session, deployment)
     session.refresh(latest)

@@ -1,15 +1,14 @@
-"""One worker loop per deployment: every tick, observe -> predict -> decide -> persist -> actuate.
+"""One worker loop per deployment: every tick, gather -> `Planner.on_tick` -> persist -> actuate.
 
-`run_tick` gathers what the core needs (the traffic of the last interval, the forecast, ready
-counts, the engines' forward passes) and calls `tick`, a plain synchronous function of `now` and
-those inputs, so tests call it directly; `run` only schedules it on the injected clock, after the
-deployment's source answers and its connector validates it (no fixed sleep). Several planner
-processes may share a database: a lease in the deployment's state row makes sure only one of
-them ticks a given deployment.
-
-With `scaling.algorithm: sla`, SLA scaling (app/core/sla_scaling.py) decides alone at every tick
-(`scaling.interval_s`) and the seed's throughput and load steps do not run: two algorithms
-proposing in turn would undo each other's targets.
+The decisions are the core planner's (app/core/planner.py); the worker owns the I/O around them.
+`run_tick` asks the planner what the tick at `now` needs (the traffic of an interval, the
+engines' forward passes), gathers only that, and calls `tick`, a plain synchronous function of
+`now` and what was gathered, so tests call it directly; `run` only schedules it on the injected
+clock, after the deployment's source answers and its connector validates it (no fixed sleep).
+What the planner learned in a tick is adopted only once the tick's record and decision are
+stored, so a failed write loses that tick and counts nothing twice. Several planner processes
+may share a database: a lease in the deployment's state row makes sure only one of them ticks a
+given deployment.
 """
 
 from __future__ import annotations
@@ -20,25 +19,21 @@ import math
 import os
 import socket
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.orm.attributes import flag_modified
 
 from app.config import DeploymentConfig
 from app.connectors.base import Connector
 from app.connectors.virtual import DecisionHub
-from app.core.cadence import Cadence, Due
 from app.core.errors import ConnectorError, ConnectorNotReadyError, SourceUnavailableError
-from app.core.fpm import ForwardPassMetrics
-from app.core.load import LoadInput, LoadTick, PendingTarget
-from app.core.sla_scaling import SlaInput, SlaState, SlaTick, TrafficSample
-from app.core.throughput import ThroughputInput
-from app.core.tick import on_tick
-from app.core.types import DecisionStatus, DecisionView, Replicas, Role, TickSnapshot, TrafficObservation
-from app.metrics import PlannerMetrics
+from app.core.perf.fpm import ForwardPassMetrics
+from app.core.planner import Planner, TickInput
+from app.core.types import DecisionStatus, Role, TrafficObservation
+from app.planner_setup import planner_settings
+from app.reports.metrics import PlannerMetrics
 from app.sources.fpm import FpmSubscriber
 from app.sources.fpm import as_json as fpm_as_json
 from app.sources.traffic import TrafficSource
@@ -47,7 +42,6 @@ from app.store import ticks as tick_store
 from app.store.models import Decision
 from app.store.overrides import active_overrides
 from app.workers.clock import Clock
-from app.workers.resources import ModelResources, make_sla_settings
 
 log = logging.getLogger(__name__)
 
@@ -64,38 +58,27 @@ def process_identity() -> str:
 
 
 @dataclass(frozen=True)
-class EngineObservation:
-    """What the engines looked like this tick (load and SLA scaling read it): the latest FPM per
-    engine per role, the ready counts, and the subscribers' counters (malformed, dropped, expired
-    engines) for the tick record."""
+class Gathered:
+    """What the worker read for one tick, as the planner asked for it: the traffic (or why it is
+    unknown), the engines' latest forward passes and the records since the last tick, the ready
+    counts (None: no inventory says), and the FPM subscribers' counters for the tick record."""
 
-    fpm: dict[Role, dict]
-    ready: dict[Role, int]
-    sources: dict[str, Any]
-    # False while neither the connector, an acknowledged decision nor every role's FPM says how
-    # many engines run: the ready counts are then zeros that mean "unknown".
-    inventory_known: bool = True
+    traffic: TrafficObservation | None = None
+    traffic_error: str | None = None
+    fpm: dict[Role, dict] = field(default_factory=dict)
+    fpm_new: dict[Role, list[ForwardPassMetrics]] = field(default_factory=dict)
+    ready: dict[Role, int] | None = None
+    fpm_sources: dict[str, Any] | None = None
 
-
-@dataclass(frozen=True)
-class SlaObservation:
-    """What SLA scaling saw this tick: the frontend's traffic since the previous tick (None when
-    the source could not say, with its reason) and the engines."""
-
-    traffic: TrafficSample | None
-    observation: TrafficObservation | None
-    traffic_error: str | None
-    engines: EngineObservation
-
-    def as_json(self) -> dict[str, Any]:
+    def traffic_json(self) -> dict[str, Any]:
         observed = None
-        if self.observation is not None:
-            observed = asdict(self.observation)
+        if self.traffic is not None:
+            observed = asdict(self.traffic)
             # JSON has no infinity (PostgreSQL refuses it): the open bucket is "+Inf", as in the
             # Prometheus exposition.
             observed["isl_buckets"] = [
                 [bound if math.isfinite(bound) else "+Inf", count]
-                for bound, count in self.observation.isl_buckets
+                for bound, count in self.traffic.isl_buckets
             ]
         return {"observed": observed, "error": self.traffic_error}
 
@@ -118,27 +101,17 @@ class DeploymentWorker:
         metrics: PlannerMetrics,
         clock: Clock,
         holder: str,
-        resources: ModelResources | None = None,
+        planner: Planner | None = None,
         source: TrafficSource | None = None,
         connector: Connector | None = None,
         fpm: dict[Role, FpmSubscriber] | None = None,
     ) -> None:
         self.config = config
-        self.resources = resources or ModelResources(None, "no profile configured", None, 0)
+        self.planner = planner or Planner(planner_settings(config, None), model=None)
         self.source = source
         self.connector = connector
-        # Load scaling: one ForwardPassMetrics subscriber per role, started with the worker.
+        # One ForwardPassMetrics subscriber per role, started with the worker.
         self.fpm = fpm or {}
-        self._cadence: Cadence | None = None
-        # Both modes on: the floor of the last throughput step, for the load ticks in between.
-        self._floor: Replicas | None = None
-        # SLA scaling (None: the seed's modes decide) and its memory between ticks: the traffic
-        # samples, wishes, measured scales and scaling latency it learns from. One per worker.
-        self._sla_settings = (
-            make_sla_settings(config, self.resources.model) if config.scaling.algorithm == "sla" else None
-        )
-        self.sla_state = SlaState()
-        self.gpus_per_engine: dict[Role, int] = {r: config.role(r).gpus_per_engine for r in config.roles}
         # Empty once the source answers and the connector validated the deployment.
         self.startup_problems: list[str] = []
         # The last observation's failure, if it failed: /readyz shows it until one succeeds.
@@ -162,19 +135,17 @@ class DeploymentWorker:
     def interval_s(self) -> float:
         return self.config.tick_interval_s
 
-    def tick(
-        self,
-        now: datetime,
-        throughput: ThroughputInput | None = None,
-        load: EngineObservation | None = None,
-        sla: SlaObservation | None = None,
-    ) -> TickReport | None:
-        """Decide and persist one tick at `now` from inputs already gathered; None when another
+    @property
+    def gpus_per_engine(self) -> dict[Role, int]:
+        return self.planner.settings.gpus_per_engine
+
+    def tick(self, now: datetime, gathered: Gathered | None = None) -> TickReport | None:
+        """Decide and persist one tick at `now` from what was gathered; None when another
         process holds this deployment's lease."""
         name = self.config.name
         if not self.renew_lease(now):
             return None
-
+        gathered = gathered or Gathered()
         with self._sf() as session, session.begin():
             expired = None
             if self.config.awaits_ack:
@@ -183,44 +154,37 @@ class DeploymentWorker:
                 )
             latest = decision_store.latest_decision(session, name)
             overrides = active_overrides(session, name, now)
-            latest_view = decision_store.view_of(latest) if latest else None
-            snapshot = TickSnapshot(
-                deployment=name,
-                roles=self.config.roles,
-                config_bounds=self.config.bounds(),
-                overrides=overrides,
-                latest_decision=latest_view,
-                throughput=throughput,
-                throughput_settings=(
-                    self.config.throughput_settings(self.gpus_per_engine) if throughput is not None else None
-                ),
-                gpus_per_engine=self.gpus_per_engine,
-                budget_gpus=self.config.gpu_budget,
-                load=self._load_tick(load, latest_view, now) if load is not None else None,
-                load_enabled=self.config.load.enabled,
-                sla=self._sla_tick(sla, latest_view, now) if sla is not None else None,
+            effects = self.planner.on_tick(
+                TickInput(
+                    now_s=now.timestamp(),
+                    overrides=overrides,
+                    latest_decision=decision_store.view_of(latest) if latest else None,
+                    traffic=gathered.traffic,
+                    traffic_error=gathered.traffic_error,
+                    fpm=gathered.fpm,
+                    fpm_new=gathered.fpm_new,
+                    ready=gathered.ready,
+                )
             )
-            result = on_tick(snapshot, now)
-            if result.throughput_floor is not None:
-                self._floor = result.throughput_floor
-            record = dict(result.diagnostics)
-            engines = load if load is not None else sla.engines if sla is not None else None
-            if engines is not None:
-                record["fpm"] = engines.sources
-            if sla is not None:
-                # The throughput step records what it observed; SLA scaling's diagnostics do not.
-                record["traffic"] = sla.as_json()
-            record["expired_decision_id"] = expired.decision_id if expired else None
-            tick = tick_store.add_tick(session, deployment=name, at=now, record=record)
+            record = effects.diagnostics.model_copy(
+                update={
+                    "at": now.isoformat(),
+                    "fpm": gathered.fpm_sources,
+                    # The throughput step records what it observed; SLA scaling's diagnostics do not.
+                    "traffic": gathered.traffic_json() if self.planner.settings.sla else None,
+                    "expired_decision_id": expired.decision_id if expired else None,
+                }
+            )
+            tick = tick_store.add_tick(session, deployment=name, at=now, record=record.as_json())
 
             decision = None
-            if result.target is not None and result.source is not None:
+            if effects.target is not None and effects.source is not None:
                 proposal = decision_store.propose_decision(
                     session,
                     deployment=name,
-                    target=result.target,
-                    source=result.source,
-                    reasons=result.reasons,
+                    target=effects.target,
+                    source=effects.source,
+                    reasons=effects.reasons,
                     now=now,
                     ack_timeout_s=self.config.connector.ack_timeout_s,
                     await_ack=self.config.awaits_ack,
@@ -231,33 +195,22 @@ class DeploymentWorker:
                 verdict = f"{proposal.outcome.verdict}: {proposal.outcome.reason}"
             else:
                 verdict = "hold: no target"
-            record["verdict"] = verdict
-            record["decision_id"] = decision.decision_id if decision else None
-            tick.record = record
-            flag_modified(tick, "record")  # the same dict object: SQLAlchemy cannot see the change
-            tick.decision_id = record["decision_id"]
+            record = record.model_copy(
+                update={"verdict": verdict, "decision_id": decision.decision_id if decision else None}
+            )
+            tick.record = record.as_json()
+            tick.decision_id = record.decision_id
+        # Stored: what the tick learned is the planner's now (a failed write above keeps the old).
+        self.planner.commit(effects)
 
         if decision is not None:
             self._hub.announce(decision)
         self._metrics.paused.labels(name).set(1 if overrides.paused else 0)
         self._metrics.ticks.labels(name).inc()
-        self._metrics.observe_throughput(name, record.get("throughput"))
-        self._metrics.observe_load(name, record.get("load"), load_enabled=self.config.load.enabled)
-        self._metrics.observe_sla(name, record.get("sla"))
-        sla_state = record.get("sla")
-        if sla_state:
-            notes = f"sla {sla_state['reason']}: {sla_state['detail']}"
-        else:
-            throughput_state = record.get("throughput")
-            throughput_note = (
-                f"throughput {throughput_state['reason']}: {throughput_state['detail']}"
-                if throughput_state
-                else "throughput off"
-            )
-            load_state = record.get("load")
-            load_note = f"load {load_state['reason']}: {load_state['detail']}" if load_state else "load off"
-            notes = f"{throughput_note}; {load_note}"
-        summary = f"[{name}] tick {tick.id}: target {result.target}; {notes}; {verdict}"
+        self._metrics.observe_throughput(name, record.throughput)
+        self._metrics.observe_load(name, record.load, load_enabled=self.config.load.enabled)
+        self._metrics.observe_sla(name, record.sla)
+        summary = f"[{name}] tick {tick.id}: target {effects.target}; {_notes(record)}; {verdict}"
         log.info(summary)
         pending = decision or (
             latest if latest is not None and latest.status == DecisionStatus.PENDING else None
@@ -277,159 +230,54 @@ class DeploymentWorker:
         self.source_error = error
         return observation, error
 
-    async def gather_throughput(self) -> ThroughputInput:
-        """Observe the last interval, feed the predictors, forecast the next one."""
-        observation, error = await self._observe_traffic(self.config.throughput.interval_s)
-        predictor = self.resources.predictor
-        forecast = None
-        if observation is not None and predictor is not None:
-            # Model fits (ARIMA, Prophet) take CPU time: keep them off the event loop.
-            await asyncio.to_thread(predictor.observe, observation)
-            forecast = await asyncio.to_thread(predictor.forecast)
-        return ThroughputInput(
-            observation=observation,
-            observation_error=error,
-            forecast=forecast,
-            model=self.resources.model,
-            model_error=self.resources.model_error,
-            decode_engines=await self._decode_engines(),
-        )
-
-    async def _decode_engines(self) -> int | None:
-        counts = await self._ready_counts()
-        return counts.get("decode") if counts else None
-
-    async def _ready_counts(self) -> dict[str, int] | None:
+    async def _ready_counts(self) -> dict[Role, int] | None:
         """Ready engines per role: the connector's report, else the last acknowledged decision's
         observed replicas; None when neither is known."""
         if self.connector is not None:
             try:
-                return await self.connector.ready_counts()
+                return await self.connector.ready_counts()  # type: ignore[return-value]
             except ConnectorError as exc:
                 log.warning("[%s] ready counts unavailable: %s", self.config.name, exc)
                 return None
 
-        def read() -> dict[str, int] | None:
+        def read() -> dict[Role, int] | None:
             with self._sf() as session:
                 confirmed = decision_store.last_acknowledged(session, self.config.name)
             if confirmed is None:
                 return None
-            return dict(confirmed.observed or decision_store.replicas_of(confirmed))
+            return dict(confirmed.observed or decision_store.replicas_of(confirmed))  # type: ignore[arg-type]
 
         return await asyncio.to_thread(read)
 
-    def _load_tick(self, load: EngineObservation, latest: DecisionView | None, now: datetime) -> LoadTick:
-        models, settings = self.resources.load_models, self.resources.load_settings
-        assert models is not None and settings is not None, "load scaling without its models"
-        in_force = latest is not None and latest.status in (DecisionStatus.PENDING, DecisionStatus.SUCCEEDED)
-        load_input = LoadInput(
-            fpm=load.fpm,
-            ready=load.ready,
-            now=now,
-            # The last target stays "pending" for the load step until the ready counts reach it.
-            pending=PendingTarget(latest.replicas, latest.created_at) if in_force else None,  # type: ignore[union-attr]
-            throughput_floor=self._floor,
-        )
-        return LoadTick(models, load_input, settings)
-
-    async def gather_load(self) -> EngineObservation:
-        """Train the regressions on every iteration record since the last load tick; the latest
-        record per engine, and the ready counts to reconcile them with."""
-        return await self._gather_engines(train=True)
-
-    async def gather_sla(self, now: datetime) -> SlaObservation:
-        """SLA scaling's input: the traffic since the previous tick (a sample ending `now`; None
-        when the source failed or does not know the request count), the latest forward pass per
-        engine (nothing is trained: SLA scaling reads iterations, it fits no regression) and the
-        ready counts."""
-        observation, error = await self._observe_traffic(self.interval_s)
-        traffic = None
-        if observation is not None and observation.num_req is not None:
-            traffic = TrafficSample(
-                end_s=now.timestamp(),
-                duration_s=observation.duration_s,
-                num_req=observation.num_req,
-                isl=observation.isl,
-                osl=observation.osl,
-                isl_buckets=observation.isl_buckets,
-            )
-        elif observation is not None:
-            error = "the source does not know the request count"
-        return SlaObservation(traffic, observation, error, await self._gather_engines(train=False))
-
-    def _sla_tick(self, sla: SlaObservation, latest: DecisionView | None, now: datetime) -> SlaTick:
-        assert self._sla_settings is not None, "SLA scaling without its settings"
-        ready = sla.engines.ready
-        in_force = latest is not None and latest.status in (DecisionStatus.PENDING, DecisionStatus.SUCCEEDED)
-        # What was last ordered, engines still starting included: SLA scaling compares its wish
-        # with it, and measures its scaling latency by how long the ready counts take to reach it.
-        expected = (
-            {role: latest.replicas.get(role, ready[role]) for role in self.config.roles}  # type: ignore[union-attr]
-            if in_force
-            else dict(ready)
-        )
-        sla_input = SlaInput(
-            now_s=now.timestamp(),
-            traffic=sla.traffic,
-            fpm=sla.engines.fpm,
-            ready=ready,
-            expected=expected,
-            # A decision in force is an inventory of its own: it says what the planner ordered.
-            inventory_known=in_force or sla.engines.inventory_known,
-        )
-        return SlaTick(self.resources.model, self.sla_state, sla_input, self._sla_settings)
-
-    async def _gather_engines(self, *, train: bool) -> EngineObservation:
-        trained: dict[Role, list[ForwardPassMetrics]] = {}
+    async def gather(self, now: datetime) -> Gathered:
+        """What the planner's tick at `now` needs, and only that."""
+        needs = self.planner.needs(now.timestamp())
+        traffic, error = None, None
+        if needs.traffic_window_s is not None:
+            traffic, error = await self._observe_traffic(needs.traffic_window_s)
         fpm: dict[Role, dict] = {}
-        sources: dict[str, Any] = {}
-        for role in self.config.roles:
-            subscriber = self.fpm.get(role)
-            if subscriber is None:
-                fpm[role] = {}
-                continue
-            # Taken even when nothing trains on them (SLA scaling), so the subscriber's buffer
-            # does not fill up and count them as overflow.
-            trained[role] = subscriber.new_trainable_records()
-            snapshot = subscriber.snapshot()
-            fpm[role] = snapshot.records()
-            sources[role] = fpm_as_json(snapshot)
-        models = self.resources.load_models
-        if train and models is not None:
-            await asyncio.to_thread(models.observe_many, trained)
-        counts = await self._ready_counts()
-        # Without an inventory (no connector report, no acknowledged decision yet), the engines
-        # that report FPM are the inventory, once every role has one reporting.
-        ready = {role: (counts or {}).get(role, len({w for w, _ in fpm[role]})) for role in self.config.roles}
-        known = counts is not None or all(fpm[role] for role in self.config.roles)
-        return EngineObservation(fpm=fpm, ready=ready, sources=sources, inventory_known=known)
-
-    def _due(self, now: datetime) -> Due:
-        """Which modes run at `now`: both at the first tick, then each on its own interval."""
-        now_s = now.timestamp()
-        if self._cadence is None:
-            load_s = self.config.load.interval_s if self.config.load.enabled else None
-            throughput_s = self.config.throughput.interval_s if self.config.throughput.enabled else None
-            self._cadence = Cadence(
-                load_s,
-                throughput_s,
-                next_load_s=now_s if load_s else math.inf,
-                next_throughput_s=now_s if throughput_s else math.inf,
-            )
-        due = self._cadence.due(now_s)
-        self._cadence = self._cadence.after(now_s, due)
-        return due
+        fpm_new: dict[Role, list[ForwardPassMetrics]] = {}
+        sources: dict[str, Any] | None = None
+        if needs.fpm:
+            sources = {}
+            for role in self.config.roles:
+                subscriber = self.fpm.get(role)
+                if subscriber is None:
+                    fpm[role] = {}
+                    continue
+                # Taken even when nothing trains on them (SLA scaling), so the subscriber's buffer
+                # does not fill up and count them as overflow.
+                fpm_new[role] = subscriber.new_trainable_records()
+                snapshot = subscriber.snapshot()
+                fpm[role] = snapshot.records()
+                sources[role] = fpm_as_json(snapshot)
+        ready = await self._ready_counts() if needs.fpm or needs.traffic_window_s is not None else None
+        return Gathered(traffic, error, fpm, fpm_new, ready, sources)
 
     async def run_tick(self, now: datetime) -> TickReport | None:
-        if self._sla_settings is not None:
-            # SLA scaling decides alone, every tick: the seed's steps must not run beside it.
-            sla = await self.gather_sla(now)
-            report = await asyncio.to_thread(self.tick, now, None, None, sla)
-        else:
-            due = self._due(now)
-            throughput = await self.gather_throughput() if due.throughput else None
-            load = await self.gather_load() if due.load and self.resources.load_models is not None else None
-            report = await asyncio.to_thread(self.tick, now, throughput, load)
+        gathered = await self.gather(now)
+        # The planner's steps (model fits, regressions) take CPU time: off the event loop.
+        report = await asyncio.to_thread(self.tick, now, gathered)
         if report is not None and report.pending is not None:
             # Also a pending decision from an earlier tick or a pin (the cluster was not Ready).
             self.actuate(report.pending)
@@ -508,9 +356,7 @@ class DeploymentWorker:
                 try:
                     await self.connector.validate()
                     declared = await self.connector.gpus_per_engine()
-                    for role, gpus in (declared or {}).items():
-                        if gpus and role in self.gpus_per_engine:
-                            self.gpus_per_engine[role] = gpus
+                    self.planner.with_gpus_per_engine(declared or {})
                 except ConnectorError as exc:
                     problems.append(f"connector: {exc}")
             self.startup_problems = problems
@@ -579,3 +425,16 @@ class DeploymentWorker:
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
+
+
+def _notes(record: Any) -> str:
+    """The log line's account of the step that proposed."""
+    if record.sla:
+        return f"sla {record.sla['reason']}: {record.sla['detail']}"
+    throughput = record.throughput
+    load = record.load
+    throughput_note = (
+        f"throughput {throughput['reason']}: {throughput['detail']}" if throughput else "throughput off"
+    )
+    load_note = f"load {load['reason']}: {load['detail']}" if load else "load off"
+    return f"{throughput_note}; {load_note}"

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from app.api.routes import diagnostics as route
-from app.diagnostics_report import _build_figure, _changes, _gapped, _read, render_diagnostics_report
+from app.reports.diagnostics_html import _build_figure, _changes, _gapped, _read, render_diagnostics_report
 from app.store.ticks import add_tick
 from tests.api.helpers import TOKENS, VIEWER, assert_problem, bearer, pin, tick, two_deployments
 from tests.conftest import T0, Api
@@ -30,7 +30,7 @@ SLA = (500.0, 50.0)  # demo_config's
 
 
 def throughput_section(rps: float, *, reason: str = "set_lower_bound") -> dict[str, Any]:
-    """`throughput_step`'s diagnostics for a 180 s interval (as app.core.throughput builds them)."""
+    """`throughput_step`'s diagnostics for a 180 s interval (as app.core.seed.throughput builds them)."""
     return {
         "reason": reason,
         "detail": "prefill: 2 engines; decode: 3 engines",

@@ -6,7 +6,6 @@ import re
 
 import pytest
 
-from app.core.tick import NO_POLICY_REASON
 from tests.api.helpers import assert_problem, complete, diagnostics, get_decision, override, pin, tick
 from tests.support import demo_config
 
@@ -37,7 +36,10 @@ async def test_each_tick_writes_one_diagnostics_record(make_api):
     record = first["record"]
     assert [s["stage"] for s in record["stages"]] == ["proposal", "pause", "pin", "bounds", "budget"]
     assert [s["replicas"] for s in record["stages"]] == [None, None, None, None, None]
-    assert record["stages"][0]["reason"] == NO_POLICY_REASON
+    # The demo deployment has throughput scaling on and no profile: every tick says so.
+    assert record["stages"][0]["reason"] == (
+        "throughput model_not_ready: no profile configured (set `profile:` to a profiling-results folder)"
+    )
     assert (record["verdict"], record["target"], record["decision_id"]) == ("hold: no target", None, None)
     assert record["bounds"] == {"prefill": {"min": 1, "max": 8}, "decode": {"min": 1, "max": 8}}
     assert record["overrides"] == {"pin_id": None, "bounds_id": None, "pause_id": None}

@@ -92,8 +92,8 @@ def test_core_has_modules() -> None:
     assert {p.name for p in core_modules()} >= {
         "__init__.py",
         "protocol.py",
-        "tick.py",
-        "overrides.py",
+        "planner.py",
+        "chain.py",
         "types.py",
     }
 

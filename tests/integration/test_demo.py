@@ -26,7 +26,7 @@ import msgpack
 import pytest
 import zmq
 
-from app.core.fpm import ForwardPassMetrics, ScheduledRequestMetrics
+from app.core.perf.fpm import ForwardPassMetrics, ScheduledRequestMetrics
 from app.sim.live import FpmPublisher
 from tests.support import REPO_ROOT, free_port
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from app.core.errors import SourceUnavailableError
-from app.core.fpm import ForwardPassMetrics
+from app.core.perf.fpm import ForwardPassMetrics
 from app.sources.fpm import FpmSnapshot, FpmSubscriber, as_json
 from tests.fpm_publisher import GARBAGE_KINDS, Publisher, encode, garbage, heartbeat, make_record
 from tests.support import REPO_ROOT

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from app.core.errors import SourceUnavailableError
 from app.core.types import TrafficObservation
 from app.sources.frontend_scrape import FIRST_SCRAPE, FrontendScrapeSource
-from app.sources.traffic import INPUT_SEQUENCE_TOKENS as ISL
+from app.sources.traffic_common import INPUT_SEQUENCE_TOKENS as ISL
 from tests.support_frontend import (
     MODEL,
     OTHER_MODEL,

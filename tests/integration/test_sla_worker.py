@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from app.core.capacity import LengthMix, prefill_engines
+from app.core.sla.capacity import LengthMix, prefill_engines
+from app.planner_setup import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from app.sim.frontend import FrontendCounters
 from app.sources.frontend_scrape import FrontendScrapeSource
-from app.workers.resources import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from tests.integration.test_fpm_zmq import WAIT_S, spawn  # noqa: F401  (fixture)
 from tests.support import REPO_ROOT, demo_config
 from tests.support_frontend import Canned, StandInServer
@@ -118,7 +118,7 @@ async def test_sla_scaling_decides_alone_from_traffic_and_engines(make_api, spaw
     buckets = [(math.inf if b == "+Inf" else b, n) for b, n in observed["isl_buckets"]]
     assert sum(n for _, n in buckets) == REQUESTS
     expected = prefill_engines(
-        worker.resources.model,
+        worker.planner.model,
         token_rate_s=observed["num_req"] / observed["duration_s"] * observed["isl"],
         mix=LengthMix.from_histogram(buckets, observed["isl"], 0.99),
         ttft_target_ms=TTFT_MS,

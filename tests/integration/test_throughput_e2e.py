@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from app.core.replicas import plan_replicas
+from app.core.seed.replicas import plan_replicas
 from tests.support import REPO_ROOT, demo_config
 from tests.support_frontend import (
     MODEL,
@@ -78,7 +78,7 @@ _MODEL_CACHE: dict[str, Any] = {}
 
 def _h200():
     if "h200" not in _MODEL_CACHE:
-        from app.core.interpolation import PerfModel
+        from app.core.perf.interpolation import PerfModel
         from app.sources.profile_files import load_profile
 
         _MODEL_CACHE["h200"] = PerfModel.from_profile(load_profile(H200))

@@ -22,7 +22,7 @@ from app.api.schemas import DecisionOut
 from app.config import DeploymentsFile
 from app.connectors.virtual import DecisionHub
 from app.core.types import DecisionSource, DecisionStatus, OverrideAction
-from app.metrics import PlannerMetrics
+from app.reports.metrics import PlannerMetrics
 from app.store import decisions as decision_store
 from app.store import overrides as override_store
 from app.store.db import make_engine, make_session_factory

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from app.config import ConfigError, DeploymentsFile
+from app.planner_setup import build_planner
 from app.workers.loop import STARTUP_RETRY_S
-from app.workers.resources import build_model_resources
 from tests.support import REPO_ROOT, demo_config
 from tests.support_frontend import Canned, StandInServer
 
@@ -88,12 +88,14 @@ def _deployment(**throughput: object):
 
 
 def test_predictors_warm_from_a_trace_file() -> None:
-    resources = build_model_resources(_deployment(warmup_trace=str(MOONCAKE)), base_dir=Path("/"))
+    planner = build_planner(_deployment(warmup_trace=str(MOONCAKE)), base_dir=Path("/"))
+    predictor = planner.state.predictor
+    assert predictor is not None
     # Independently: the Mooncake slice spans 0..177 s, so 60 s buckets give 3 intervals with requests.
     stamps = [json.loads(line)["timestamp"] / 1000 for line in MOONCAKE.read_text().splitlines()]
     buckets = {int((t - min(stamps)) // 60) for t in stamps}
-    assert resources.warmed_intervals == len(buckets) == 3
-    forecast = resources.predictor.forecast()
+    assert predictor.history_len == len(buckets) == 3
+    forecast = predictor.forecast()
     last = [t for t in stamps if (t - min(stamps)) // 60 == max(buckets)]
     assert forecast is not None and forecast.num_req == len(last)  # constant: the last interval
 
@@ -102,7 +104,7 @@ def test_a_broken_warmup_trace_stops_start_up_naming_the_file(tmp_path: Path) ->
     broken = tmp_path / "trace.jsonl"
     broken.write_text('{"timestamp": 0, "input_length": "many", "output_length": 5}\n')
     with pytest.raises(ConfigError) as raised:
-        build_model_resources(_deployment(warmup_trace=str(broken)), base_dir=tmp_path)
+        build_planner(_deployment(warmup_trace=str(broken)), base_dir=tmp_path)
     message = str(raised.value)
     assert message.startswith("deployment 'demo': throughput.warmup_trace: ")
     assert str(broken) in message and "input_length" in message
@@ -110,7 +112,7 @@ def test_a_broken_warmup_trace_stops_start_up_naming_the_file(tmp_path: Path) ->
 
 def test_a_broken_profile_stops_start_up_naming_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as raised:
-        build_model_resources(
+        build_planner(
             DeploymentsFile.model_validate(demo_config(profile=str(tmp_path / "nope"))).deployments[0],
             base_dir=tmp_path,
         )

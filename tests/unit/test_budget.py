@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from app.core.throughput import apply_gpu_budget
+from app.core.chain import apply_gpu_budget
 from app.core.types import RoleBounds
 
 

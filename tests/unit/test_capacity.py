@@ -1,4 +1,4 @@
-"""The formulas of SLA scaling (`app/core/capacity.py`) against hand computations on the bundled
+"""The formulas of SLA scaling (`app/core/sla/capacity.py`) against hand computations on the bundled
 H200 profile: every expected value below is recomputed here from the profile's interpolated
 figures (`PerfModel.prefill_ttft_ms`, `PerfModel.decode_itl_ms`), not copied from a run."""
 
@@ -10,7 +10,8 @@ from statistics import NormalDist
 
 import pytest
 
-from app.core.capacity import (
+from app.core.perf.interpolation import PerfModel
+from app.core.sla.capacity import (
     Bucket,
     LengthMix,
     PrefillSizing,
@@ -21,7 +22,6 @@ from app.core.capacity import (
     prefill_engines,
     prefill_service_s,
 )
-from app.core.interpolation import PerfModel
 from app.sources.profile_files import load_profile
 
 H200 = Path(__file__).resolve().parents[2] / "data" / "profiles" / "h200-llama3.1-8b-fp8"

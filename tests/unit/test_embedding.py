@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.config import DeploymentsFile
-from app.core.replicas import plan_replicas
+from app.core.seed.replicas import plan_replicas
 from app.embedding import EmbeddedPlanner, TickInput, TrafficWindow
 from tests.support import demo_config
 

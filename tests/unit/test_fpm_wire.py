@@ -12,7 +12,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from app.core.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics
+from app.core.perf.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics
 from tests.fpm_publisher import as_e3_array, as_e4_array, heartbeat, make_record
 
 RECORD = make_record("engine-a", 7, dp_rank=2)

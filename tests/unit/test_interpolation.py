@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from app.core.errors import ProfileError
-from app.core.interpolation import DecodeInterpolator, DecodePoint, PerfModel, PrefillInterpolator
-from app.core.profile import decode_from_mapping, prefill_from_mapping
+from app.core.perf.interpolation import DecodeInterpolator, DecodePoint, PerfModel, PrefillInterpolator
+from app.core.perf.profile import decode_from_mapping, prefill_from_mapping
 from app.sources.profile_files import load_profile
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

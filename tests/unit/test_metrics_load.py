@@ -14,13 +14,15 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.core.fpm import ForwardPassMetrics
-from app.core.load import LoadInput, LoadModels, LoadReason, LoadSettings, load_step
+from app.core.perf.fpm import ForwardPassMetrics
+from app.core.seed.load import load_step
+from app.core.seed.load_models import LoadModels
+from app.core.seed.load_types import LoadInput, LoadReason, LoadSettings
 from app.core.types import Mode, Role
-from app.metrics import LOAD_STATES, THROUGHPUT_STATES, PlannerMetrics
+from app.reports.metrics import LOAD_STATES, THROUGHPUT_STATES, PlannerMetrics
 from tests.support_fpm import fpm as make_fpm
 
-NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+NOW_S = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC).timestamp()
 Engines = dict[tuple[str, int], ForwardPassMetrics]
 
 
@@ -75,7 +77,9 @@ def load_record(
     if ready is None:
         ready = {role: len({w for w, _ in engines}) for role, engines in tick.items()}
     settings = {"ttft_target_ms": 100.0, "itl_target_ms": 50.0, "max_num_batched_tokens": 2048, **settings}
-    result = load_step(models, LoadInput(fpm=tick, ready=ready, now=NOW), LoadSettings(mode=mode, **settings))
+    result = load_step(
+        models, LoadInput(fpm=tick, ready=ready, now_s=NOW_S), LoadSettings(mode=mode, **settings)
+    )
     return json.loads(json.dumps(result.diagnostics))
 
 
@@ -268,7 +272,7 @@ def test_dp_ranks_and_agg_workers():
     settings = LoadSettings(
         mode="agg", ttft_target_ms=500.0, itl_target_ms=1000.0, max_num_batched_tokens=2048
     )
-    result = load_step(models, LoadInput(fpm=tick, ready={"workers": 1}, now=NOW), settings)
+    result = load_step(models, LoadInput(fpm=tick, ready={"workers": 1}, now_s=NOW_S), settings)
     metrics = PlannerMetrics()
     metrics.observe_load("demo", json.loads(json.dumps(result.diagnostics)))
     assert engine_values(metrics, "dynamo_planner_engine_queued_prefill_tokens") == {
@@ -350,7 +354,7 @@ def test_disabled_record():
 )
 def test_odd_records_do_not_raise(load, caplog):
     metrics = PlannerMetrics()
-    with caplog.at_level(logging.WARNING, logger="app.metrics"):
+    with caplog.at_level(logging.WARNING, logger="app.reports.metrics"):
         metrics.observe_load("demo", load)
     assert samples(metrics, "dynamo_planner_estimated_ttft_ms") == {}
     assert samples(metrics, "dynamo_planner_engine_queued_prefill_tokens") == {}

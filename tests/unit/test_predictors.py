@@ -19,7 +19,7 @@ import pytest
 from filterpy.kalman import KalmanFilter
 from prophet import Prophet
 
-from app.core.predictors import (
+from app.core.seed.predictors import (
     PREDICTORS,
     ArimaPredictor,
     ConstantPredictor,

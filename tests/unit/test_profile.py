@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from app.core.errors import ProfileError
-from app.core.profile import profile_from_mappings, select_configuration
+from app.core.perf.profile import profile_from_mappings, select_configuration
 from app.sources.profile_files import load_profile
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

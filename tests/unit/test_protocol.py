@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import pytest
 
 from app.core.protocol import ProtocolOutcome, Verdict, ack_overdue, judge
 from app.core.types import DecisionSource, DecisionStatus, DecisionView, Replicas
 
-T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+T0_S = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC).timestamp()
 TIMEOUT_S = 1800.0
 OLD: Replicas = {"prefill": 2, "decode": 4}
 NEW: Replicas = {"prefill": 3, "decode": 5}
@@ -22,13 +22,13 @@ SRC = DecisionSource
 def decision(
     status: DecisionStatus, *, replicas: Replicas = OLD, age_s: float = 60.0, id: int = 7
 ) -> DecisionView:
-    """Decision `id`, created `age_s` seconds before T0."""
+    """Decision `id`, created `age_s` seconds before T0_S."""
     return DecisionView(
         id=id,
         replicas=dict(replicas),
         source=SRC.THROUGHPUT,
         status=status,
-        created_at=T0 - timedelta(seconds=age_s),
+        created_s=T0_S - age_s,
     )
 
 
@@ -225,7 +225,7 @@ JUDGE_CASES = [
 @pytest.mark.parametrize("case", JUDGE_CASES, ids=lambda c: c.name)
 def test_judge(case: JudgeCase) -> None:
     outcome = judge(
-        latest=case.latest, target=case.target, source=case.source, now=T0, ack_timeout_s=TIMEOUT_S
+        latest=case.latest, target=case.target, source=case.source, now_s=T0_S, ack_timeout_s=TIMEOUT_S
     )
     assert outcome == case.expected, case.why
 
@@ -233,7 +233,7 @@ def test_judge(case: JudgeCase) -> None:
 def test_judge_does_not_mutate_its_inputs() -> None:
     latest = decision(S.PENDING)
     target = dict(NEW)
-    judge(latest=latest, target=target, source=SRC.OVERRIDE, now=T0, ack_timeout_s=TIMEOUT_S)
+    judge(latest=latest, target=target, source=SRC.OVERRIDE, now_s=T0_S, ack_timeout_s=TIMEOUT_S)
     assert (latest.status, latest.replicas, target) == (S.PENDING, OLD, NEW)
 
 
@@ -294,4 +294,4 @@ OVERDUE_CASES = [
 
 @pytest.mark.parametrize("case", OVERDUE_CASES, ids=lambda c: c.name)
 def test_ack_overdue(case: OverdueCase) -> None:
-    assert ack_overdue(case.latest, T0, case.timeout_s) is case.expected, case.why
+    assert ack_overdue(case.latest, T0_S, case.timeout_s) is case.expected, case.why

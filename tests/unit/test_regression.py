@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from app.core.fpm import ForwardPassMetrics
-from app.core.regression import (
+from app.core.perf.fpm import ForwardPassMetrics
+from app.core.seed.engine_capacity import best_agg_rps, best_decode_rps, best_prefill_rps
+from app.core.seed.load_models import bootstrap_fpms_from_profile
+from app.core.seed.regression import (
     AggRegression,
     DecodeRegression,
     MovingAverage,
     PrefillRegression,
-    bootstrap_fpms_from_profile,
     clamp_kv_hit_rate,
 )
 from app.sources.profile_files import load_profile
@@ -112,7 +113,7 @@ def test_too_few_observations_is_not_ready() -> None:
     assert (model.ready, model.not_ready_reason) == (False, "too few observations (4 of 5)")
     assert model.coefficients() is None
     assert model.estimate_next_ttft(1000, 2048) is None
-    assert model.find_best_engine_prefill_rps(100, 1000, 2048) == (0.0, 0.0)
+    assert best_prefill_rps(model, 100, 1000, 2048) == (0.0, 0.0)
     model.observe(prefill_fpm(500, 5e-3))
     assert model.ready
 
@@ -305,15 +306,15 @@ def test_agg_estimates_share_the_iteration_with_decode() -> None:
 
 def test_prefill_capacity() -> None:
     model = trained_prefill()  # wall = 1 ms + 10 us/token
-    rps, ttft_ms = model.find_best_engine_prefill_rps(100, 1000, 2048)
+    rps, ttft_ms = best_prefill_rps(model, 100, 1000, 2048)
     assert (rps, ttft_ms) == (pytest.approx(1 / 0.011), pytest.approx(11.0))
     # 5000 tokens over chunks of 2048: 2 full + 904
     wall = 2 * (1e-3 + 2048e-5) + (1e-3 + 904e-5)
-    assert model.find_best_engine_prefill_rps(10, 5000, 2048) == (
+    assert best_prefill_rps(model, 10, 5000, 2048) == (
         pytest.approx(1 / wall),
         pytest.approx(wall * 1e3),
     )
-    assert model.find_best_engine_prefill_rps(100, 0, 2048) == (0.0, 0.0)
+    assert best_prefill_rps(model, 100, 0, 2048) == (0.0, 0.0)
 
 
 def test_decode_capacity_by_littles_law() -> None:
@@ -321,16 +322,16 @@ def test_decode_capacity_by_littles_law() -> None:
     points = [(1, 1000), (4, 1000), (2, 8000), (8, 8000), (3, 20000), (10, 20000)]
     model.observe_many(decode_fpm(n, kv, 1e-3 + 1e-5 * kv) for n, kv in points)  # no per-request cost
     # ctx 1000: wall(bs) = 1 ms + 10 ms x bs <= 50 ms -> bs 4 (41 ms); 4 / (100 x 0.041)
-    assert model.find_best_engine_decode_rps(50, 1000, 100) == (pytest.approx(4 / 4.1), pytest.approx(41.0))
+    assert best_decode_rps(model, 50, 1000, 100) == (pytest.approx(4 / 4.1), pytest.approx(41.0))
     # the KV cache holds 3 such requests
-    assert model.find_best_engine_decode_rps(50, 1000, 100, max_kv_tokens=3000) == (
+    assert best_decode_rps(model, 50, 1000, 100, max_kv_tokens=3000) == (
         pytest.approx(3 / 3.1),
         pytest.approx(31.0),
     )
-    assert model.find_best_engine_decode_rps(50, 1000, 100, max_num_seqs=2)[0] == pytest.approx(2 / 2.1)
+    assert best_decode_rps(model, 50, 1000, 100, max_num_seqs=2)[0] == pytest.approx(2 / 2.1)
     # even one request misses 5 ms: still answered, at batch 1
-    assert model.find_best_engine_decode_rps(5, 1000, 100) == (pytest.approx(1 / 1.1), pytest.approx(11.0))
-    assert model.find_best_engine_decode_rps(50, 0, 100) == (0.0, 0.0)
+    assert best_decode_rps(model, 5, 1000, 100) == (pytest.approx(1 / 1.1), pytest.approx(11.0))
+    assert best_decode_rps(model, 50, 0, 100) == (0.0, 0.0)
 
 
 def test_agg_capacity_sweeps_the_batch_under_both_targets() -> None:
@@ -342,11 +343,11 @@ def test_agg_capacity_sweeps_the_batch_under_both_targets() -> None:
     )
     # ISL 1000, OSL 100: per batch slot 10 prefill tokens and 1050 KV tokens per iteration:
     # wall = 1 ms + 11.5 ms x bs <= 50 ms -> bs 4 (47 ms)
-    rps, ttft_ms, itl_ms = model.find_best_engine_agg_rps(1000, 100, 2048, 1e6, 50)
+    rps, ttft_ms, itl_ms = best_agg_rps(model, 1000, 100, 2048, 1e6, 50)
     assert (rps, itl_ms) == (pytest.approx(4 / (100 * 0.047)), pytest.approx(47.0))
     assert ttft_ms > 0
     # ITL 10 ms: even batch 1 (12.5 ms) misses; answered at batch 1
-    rps, _, itl_ms = model.find_best_engine_agg_rps(1000, 100, 2048, 1e6, 10)
+    rps, _, itl_ms = best_agg_rps(model, 1000, 100, 2048, 1e6, 10)
     assert (rps, itl_ms) == (pytest.approx(1 / (100 * 0.0125)), pytest.approx(12.5))
 
 

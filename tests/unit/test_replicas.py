@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.core.interpolation import DecodePoint, PerfModel
-from app.core.replicas import ReplicaPlan, plan_replicas
+from app.core.perf.interpolation import DecodePoint, PerfModel
+from app.core.seed.replicas import ReplicaPlan, plan_replicas
 from app.sources.profile_files import load_profile
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

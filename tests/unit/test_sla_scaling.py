@@ -1,8 +1,8 @@
-"""SLA scaling (`app/core/sla_scaling.py`) driven tick by tick on small, hand-made scenarios.
+"""SLA scaling (`app/core/sla/`) driven tick by tick on small, hand-made scenarios.
 
 Each test feeds `sla_step` 5 s ticks of traffic (a `TrafficSample` per tick), explicit ready and
 expected counts and, where the mechanism needs them, forward-pass records; it pins one mechanism
-with values recomputed here from the inputs through `app/core/capacity.py` and the bundled H200
+with values recomputed here from the inputs through `app/core/sla/capacity.py` and the bundled H200
 profile. No benchmark or trace is involved.
 
 Unless a test is about the forecast, it runs with `trend=False`: growth and ramp then play no
@@ -15,14 +15,16 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
 
 import numpy as np
 import pytest
 
-from app.core.capacity import (
+from app.core.perf.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics
+from app.core.perf.interpolation import PerfModel
+from app.core.sla.capacity import (
     Bucket,
     LengthMix,
     decode_batch_limit,
@@ -30,22 +32,12 @@ from app.core.capacity import (
     prefill_capacity_tokens_s,
     prefill_engines,
 )
-from app.core.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics
-from app.core.interpolation import PerfModel
-from app.core.sla_scaling import (
-    EngineKey,
-    SlaInput,
-    SlaReason,
-    SlaResult,
-    SlaSettings,
-    SlaState,
-    TrafficSample,
-    _growth_quantiles,
-    _quantile_line,
-    scale_down_window_s,
-    sla_step,
-)
-from app.core.types import Role, RoleBounds
+from app.core.sla.demand import _growth_quantiles, _quantile_line
+from app.core.sla.settings import SlaSettings
+from app.core.sla.state import SlaState
+from app.core.sla.step import scale_down_window_s, sla_step
+from app.core.sla.types import SlaInput, SlaReason, SlaResult, TrafficSample
+from app.core.types import EngineKey, Role, RoleBounds
 from app.sources.profile_files import load_profile
 
 H200 = Path(__file__).resolve().parents[2] / "data" / "profiles" / "h200-llama3.1-8b-fp8"
@@ -71,7 +63,7 @@ def settings_for(model: PerfModel, roles: tuple[Role, ...], **overrides: object)
         max_kv_tokens=model.decode.max_kv_tokens,
         trend=False,
     )
-    return replace(base, **overrides)  # type: ignore[arg-type]
+    return base.model_copy(update=overrides)
 
 
 @dataclass
@@ -580,7 +572,7 @@ def test_e_the_scale_down_window_is_leads_times_the_lead_with_a_floor(h200: Perf
         90.0,
         600.0,
     ]
-    fixed = replace(settings, scale_down_window_s=300.0, scale_down_window_leads=0.0)
+    fixed = settings.model_copy(update={"scale_down_window_s": 300.0, "scale_down_window_leads": 0.0})
     assert [scale_down_window_s(fixed, lead) for lead in (0.0, 45.0, 600.0)] == [300.0] * 3
 
 
@@ -715,7 +707,7 @@ def test_a_the_growth_headroom_learns_from_pairs_that_started_near_the_level_now
 
     trough, peak = history(ending_high=False), history(ending_high=True)
     assert (trough[-1][1], peak[-1][1]) == (100.0, 200.0)
-    everything = replace(settings, growth_neighbour_share=1.0, growth_regression=False)
+    everything = settings.model_copy(update={"growth_neighbour_share": 1.0, "growth_regression": False})
     assert growth_of(trough, lead_s, everything) == ((2.0, 2.0), (2.0, 2.0), None)
     assert growth_of(peak, lead_s, everything) == ((2.0, 2.0), (2.0, 2.0), None)
     assert (settings.growth_neighbour_share, settings.growth_regression) == (0.3, True)
@@ -761,7 +753,7 @@ def test_a_the_regression_reads_a_first_trough_as_a_way_back_to_the_usual_level(
     assert growth.regression == pytest.approx((2.0, 2.0), rel=1e-4)
     assert (growth.tokens, growth.flight) == growth.regression
     alone = _growth_quantiles(
-        history, settings.startup_estimate_s, replace(settings, growth_regression=False)
+        history, settings.startup_estimate_s, settings.model_copy(update={"growth_regression": False})
     )
     assert alone is not None and (alone.tokens, alone.flight) == (1.0, 1.0)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from app.config import ScalingConfig, load_deployments
-from app.workers.resources import make_sla_settings
+from app.planner_setup import sla_settings
 from tests.support import demo_config
 
 # Fields that choose or pace the algorithm rather than tune it: the worker reads them itself.
@@ -43,7 +43,7 @@ def test_every_scaling_field_reaches_the_settings_with_its_value(tmp_path: Path)
     path.write_text(yaml.safe_dump(demo_config(scaling=given)))
     deployment = load_deployments(path).deployments[0]
 
-    settings = make_sla_settings(deployment, None)
+    settings = sla_settings(deployment, None)
 
     tuned = {k: v for k, v in given.items() if k not in _NOT_SETTINGS}
     assert {k: getattr(settings, k) for k in tuned} == tuned

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from app.core.interpolation import DecodePoint, PerfModel
-from app.core.replicas import plan_replicas
-from app.core.throughput import (
+from app.core.perf.interpolation import DecodePoint, PerfModel
+from app.core.seed.replicas import plan_replicas
+from app.core.seed.throughput import (
     ThroughputInput,
     ThroughputReason,
     ThroughputSettings,

@@ -1,4 +1,5 @@
-"""The pure tick: overrides (pause, pin, bounds) and `on_tick`'s chain with its reasons."""
+"""The pure tick: overrides (pause, pin, bounds), the normalisation chain with its reasons, and the
+planner's tick record."""
 
 from __future__ import annotations
 
@@ -7,8 +8,15 @@ from datetime import UTC, datetime
 
 import pytest
 
-from app.core.overrides import apply_bounds, apply_pause, apply_pin, bound_violations, effective_bounds
-from app.core.tick import NO_POLICY_REASON, on_tick
+from app.core.chain import (
+    apply_bounds,
+    apply_pause,
+    apply_pin,
+    bound_violations,
+    effective_bounds,
+    normalise,
+)
+from app.core.planner import NO_POLICY_REASON, Planner, PlannerSettings, TickInput
 from app.core.types import (
     ActiveOverrides,
     DecisionSource,
@@ -18,7 +26,6 @@ from app.core.types import (
     Role,
     RoleBounds,
     Stage,
-    TickSnapshot,
 )
 
 T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -272,7 +279,33 @@ def test_apply_bounds(case: BoundsCase) -> None:
     assert apply_bounds(case.replicas, CONFIG_BOUNDS) == case.expected, case.why
 
 
-# --- on_tick --------------------------------------------------------------------------------------
+# --- the chain, and the planner's tick around it -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One tick's inputs for the chain: the overrides, an algorithm's proposal and its source."""
+
+    overrides: ActiveOverrides = NO_OVERRIDES
+    proposal: Replicas | None = None
+    proposal_source: DecisionSource | None = None
+    gpus_per_engine: dict[Role, int] = field(default_factory=lambda: {"prefill": 1, "decode": 1})
+    budget_gpus: int | None = None
+
+    def run(self) -> tuple[Replicas | None, DecisionSource | None, list[str]]:
+        """The target, its source and the reasons, as `Planner.on_tick` derives them."""
+        reason = NO_POLICY_REASON if self.proposal is None else f"proposed by {self.proposal_source}"
+        stages = normalise(
+            Stage("proposal", self.proposal, reason),
+            self.proposal_source,
+            overrides=self.overrides,
+            bounds=effective_bounds(CONFIG_BOUNDS, self.overrides),
+            budget_gpus=self.budget_gpus,
+            gpus_per_engine=self.gpus_per_engine,
+        )
+        target = stages[-1].replicas
+        source = DecisionSource.OVERRIDE if self.overrides.pin is not None else self.proposal_source
+        return target, source if target is not None else None, [f"{s.name}: {s.reason}" for s in stages]
 
 
 def snapshot(
@@ -280,24 +313,15 @@ def snapshot(
     *,
     proposal: Replicas | None = None,
     proposal_source: DecisionSource | None = None,
-    latest: DecisionView | None = None,
-) -> TickSnapshot:
-    return TickSnapshot(
-        deployment="demo",
-        roles=("prefill", "decode"),
-        config_bounds=dict(CONFIG_BOUNDS),
-        overrides=overrides,
-        latest_decision=latest,
-        proposal=proposal,
-        proposal_source=proposal_source,
-    )
+) -> Tick:
+    return Tick(overrides, proposal, proposal_source)
 
 
 @dataclass(frozen=True)
 class TickCase:
     name: str
     why: str
-    snapshot: TickSnapshot
+    snapshot: Tick
     target: Replicas | None
     source: DecisionSource | None
     reasons: list[str] = field(default_factory=list)
@@ -427,15 +451,25 @@ TICK_CASES = [
 
 
 @pytest.mark.parametrize("case", TICK_CASES, ids=lambda c: c.name)
-def test_on_tick(case: TickCase) -> None:
-    result = on_tick(case.snapshot, T0)
-    assert (result.target, result.source) == (case.target, case.source), case.why
+def test_chain(case: TickCase) -> None:
+    target, source, reasons = case.snapshot.run()
+    assert (target, source) == (case.target, case.source), case.why
     # No GPU budget in these snapshots: the budget stage passes the bounded target through.
     budget = "budget: no target" if case.target is None else "budget: no GPU budget"
-    assert result.reasons == [*case.reasons, budget], case.why
-    stages = [s["stage"] for s in result.diagnostics["stages"]]
-    assert stages == ["proposal", "pause", "pin", "bounds", "budget"]
-    assert result.diagnostics["target"] == case.target
+    assert reasons == [*case.reasons, budget], case.why
+
+
+def planner(budget_gpus: int | None = None, gpus: dict[Role, int] | None = None) -> Planner:
+    """A planner with no algorithm on: its targets come only from pins (the chain's input)."""
+    settings = PlannerSettings(
+        deployment="demo",
+        roles=("prefill", "decode"),
+        bounds=dict(CONFIG_BOUNDS),
+        gpus_per_engine=gpus or {"prefill": 1, "decode": 1},
+        tick_interval_s=180.0,
+        budget_gpus=budget_gpus,
+    )
+    return Planner(settings, model=None)
 
 
 def test_on_tick_diagnostics_record() -> None:
@@ -444,7 +478,7 @@ def test_on_tick_diagnostics_record() -> None:
         replicas={"prefill": 2, "decode": 2},
         source=SRC.THROUGHPUT,
         status=DecisionStatus.SUCCEEDED,
-        created_at=T0,
+        created_s=T0.timestamp(),
     )
     overrides = ActiveOverrides(
         pin_id=3,
@@ -453,26 +487,19 @@ def test_on_tick_diagnostics_record() -> None:
         bounds={"decode": {"max": 10}},
         pause_id=4,
     )
-    result = on_tick(
-        snapshot(
-            overrides, proposal={"prefill": 2, "decode": 2}, proposal_source=SRC.THROUGHPUT, latest=latest
-        ),
-        T0,
-    )
-    assert result.diagnostics == {
-        "at": "2026-11-29T12:00:00+00:00",
+    effects = planner().on_tick(TickInput(now_s=T0.timestamp(), overrides=overrides, latest_decision=latest))
+    assert effects.diagnostics.as_json() == {
+        "version": 2,
+        "at": None,
+        "at_s": T0.timestamp(),
         "deployment": "demo",
         "latest_decision_id": 9,
         "latest_decision_status": "succeeded",
         "overrides": {"pin_id": 3, "bounds_id": 6, "pause_id": 4},
         "bounds": {"prefill": {"min": 1, "max": 8}, "decode": {"min": 1, "max": 10}},
         "stages": [
-            {
-                "stage": "proposal",
-                "replicas": {"prefill": 2, "decode": 2},
-                "reason": "proposed by throughput",
-            },
-            {"stage": "pause", "replicas": None, "reason": "automatic scaling paused by override #4"},
+            {"stage": "proposal", "replicas": None, "reason": NO_POLICY_REASON},
+            {"stage": "pause", "replicas": None, "reason": "paused"},
             {"stage": "pin", "replicas": {"prefill": 3, "decode": 12}, "reason": "pinned by override #3"},
             {
                 "stage": "bounds",
@@ -485,43 +512,40 @@ def test_on_tick_diagnostics_record() -> None:
         "throughput": None,
         "load": None,
         "sla": None,
+        "fpm": None,
+        "traffic": None,
+        "expired_decision_id": None,
+        "verdict": None,
+        "decision_id": None,
     }
-    assert result.target == {"prefill": 3, "decode": 10}
-    assert result.source == SRC.OVERRIDE
+    assert effects.target == {"prefill": 3, "decode": 10}
+    assert effects.source == SRC.OVERRIDE
 
 
 def test_on_tick_without_latest_decision_records_none() -> None:
-    result = on_tick(snapshot(), T0)
-    assert (result.diagnostics["latest_decision_id"], result.diagnostics["latest_decision_status"]) == (
-        None,
-        None,
-    )
+    record = planner().on_tick(TickInput(now_s=T0.timestamp())).diagnostics
+    assert (record.latest_decision_id, record.latest_decision_status) == (None, None)
 
 
-def test_on_tick_does_not_mutate_the_snapshot() -> None:
-    proposal: Replicas = {"prefill": 0, "decode": 20}
+def test_on_tick_does_not_mutate_the_pin() -> None:
     pin: Replicas = {"prefill": 0, "decode": 20}
-    on_tick(snapshot(proposal=proposal, proposal_source=SRC.THROUGHPUT), T0)
-    on_tick(snapshot(ActiveOverrides(pin_id=1, pin=pin)), T0)
-    assert (proposal, pin) == ({"prefill": 0, "decode": 20}, {"prefill": 0, "decode": 20})
+    planner().on_tick(TickInput(now_s=T0.timestamp(), overrides=ActiveOverrides(pin_id=1, pin=pin)))
+    assert pin == {"prefill": 0, "decode": 20}
 
 
 def test_budget_limits_the_bounded_target() -> None:
     """The GPU budget is the last stage: it caps pins and proposals alike."""
-    result = on_tick(
-        TickSnapshot(
-            deployment="demo",
-            roles=("prefill", "decode"),
-            config_bounds={"prefill": RoleBounds(1, 8), "decode": RoleBounds(1, 8)},
-            overrides=ActiveOverrides(),
-            latest_decision=None,
-            gpus_per_engine={"prefill": 2, "decode": 1},
-            budget_gpus=6,
-            proposal={"prefill": 3, "decode": 2},
-            proposal_source=SRC.THROUGHPUT,
-        ),
-        T0,
+    for overrides, proposal in (
+        (NO_OVERRIDES, {"prefill": 3, "decode": 2}),
+        (ActiveOverrides(pin_id=1, pin={"prefill": 3, "decode": 2}), None),
+    ):
+        gpus: dict[Role, int] = {"prefill": 2, "decode": 1}
+        tick = Tick(overrides, proposal, SRC.THROUGHPUT, gpus_per_engine=gpus, budget_gpus=6)
+        target, _, reasons = tick.run()
+        # 3*2 + 2 = 8 GPUs into 6: P = max(1, min((6-1)//2, floor(3*6/8))) = 2, D = min(2, (6-4)//1) = 2
+        assert target == {"prefill": 2, "decode": 2}
+        assert reasons[-1] == "budget: 8 GPUs over the budget of 6: prefill 3 -> 2 (6 GPUs)"
+    effects = planner(budget_gpus=6, gpus={"prefill": 2, "decode": 1}).on_tick(
+        TickInput(now_s=T0.timestamp(), overrides=ActiveOverrides(pin_id=1, pin={"prefill": 3, "decode": 2}))
     )
-    # 3*2 + 2 = 8 GPUs into 6: P = max(1, min((6-1)//2, floor(3*6/8))) = 2, D = min(2, (6-4)//1) = 2
-    assert result.target == {"prefill": 2, "decode": 2}
-    assert result.reasons[-1] == "budget: 8 GPUs over the budget of 6: prefill 3 -> 2 (6 GPUs)"
+    assert effects.target == {"prefill": 2, "decode": 2}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core.predictors import TrafficPredictor
+from app.core.seed.predictors import TrafficPredictor
 from app.core.traces import TraceRequest, bucket_requests
 from app.core.types import TrafficObservation
 from app.sources.traces import detect_format, load_trace

@@ -14,7 +14,7 @@ from app.api.deps import DeploymentsDep, SessionDep, deployment_or_raise
 from app.api.schemas import MAX_ID, Problem, TickPage
 from app.config import DeploymentConfig, DeploymentsFile
 from app.core.errors import InvalidInputError
-from app.diagnostics_report import render_diagnostics_report
+from app.reports.diagnostics_html import render_diagnostics_report
 from app.store import ticks as store
 
 # The reference's DiagnosticsRecorder keeps at most 50 000 snapshots; so does one report (2.9 days

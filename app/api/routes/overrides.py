@@ -21,8 +21,8 @@ from app.api.schemas import (
     Problem,
 )
 from app.config import DeploymentConfig
+from app.core.chain import bound_violations, effective_bounds
 from app.core.errors import InvalidInputError
-from app.core.overrides import bound_violations, effective_bounds
 from app.core.types import ALL_ROLES, ActiveOverrides, DecisionSource, OverrideAction
 from app.store import decisions as decision_store
 from app.store import overrides as store

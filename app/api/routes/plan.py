@@ -13,8 +13,8 @@ from app.api.auth import Viewer
 from app.api.deps import DeploymentsDep, deployment_or_raise
 from app.api.schemas import Problem, Text
 from app.core.errors import InvalidInputError, ProfileError
-from app.core.interpolation import PerfModel
-from app.core.replicas import what_if
+from app.core.perf.interpolation import PerfModel
+from app.core.seed.replicas import what_if
 from app.sources.profile_files import load_profile
 
 router = APIRouter(tags=["plan"])
@@ -141,7 +141,7 @@ def plan(
         # The model the deployment's worker already loaded (its paths resolved like the service's);
         # else the configured path, loaded here.
         worker = getattr(request.app.state, "workers", {}).get(config.name)
-        model = getattr(getattr(worker, "resources", None), "model", None)
+        model = getattr(getattr(worker, "planner", None), "model", None)
         if not isinstance(model, PerfModel):
             model = _cached_model(request, Path(profile), "body.deployment")
         ttft_ms = body.ttft_ms if body.ttft_ms is not None else config.sla.ttft_ms

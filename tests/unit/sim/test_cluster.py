@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.core.fpm import ForwardPassMetrics
-from app.core.interpolation import PerfModel
+from app.core.perf.fpm import ForwardPassMetrics
+from app.core.perf.interpolation import PerfModel
 from app.core.traces import TraceRequest
 from app.sim.cluster import Cluster, ReplicaSample
 from app.sim.engines import DecodeEngine, SimRequest

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.core.interpolation import PerfModel
+from app.core.perf.interpolation import PerfModel
 from app.core.traces import TraceRequest
 from app.sim.cluster import Cluster
 from app.sim.oracle import (

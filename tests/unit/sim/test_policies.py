@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core.replicas import plan_replicas
+from app.core.seed.replicas import plan_replicas
 from app.core.traces import TraceRequest, bucket_requests
 from app.sim.config import DEFAULT_REPLAY_CONFIG, ReactiveConfig, load_replay_config, with_overrides
 from app.sim.outputs import summarize

@@ -23,7 +23,7 @@ import numpy as np
 import scipy.interpolate
 
 from app.core.errors import ProfileError
-from app.core.profile import DecodeData, PrefillData, Profile
+from app.core.perf.profile import DecodeData, PrefillData, Profile
 
 
 def _finite(value: float, name: str) -> float:

@@ -10,8 +10,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge
 
-from app.core.load import LoadReason
-from app.core.throughput import ThroughputReason
+from app.core.seed.load import LoadReason
+from app.core.seed.throughput import ThroughputReason
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +264,7 @@ class PlannerMetrics:
     def observe_load(
         self, deployment: str, load: Mapping[str, Any] | None, *, load_enabled: bool = True
     ) -> None:
-        """Export one tick's load record (`record["load"]`, app.core.load's diagnostics).
+        """Export one tick's load record (`record["load"]`, app.core.seed.load's diagnostics).
 
         None is a tick without a load step: with `load_enabled` (load scaling on, this was not a
         load tick) the last step's values stay; without it the decision reads `disabled` and the

@@ -28,12 +28,11 @@ import math
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from app.core.fpm import ForwardPassMetrics, ScheduledRequestMetrics
-from app.core.profile import Profile
+from app.core.perf.fpm import ForwardPassMetrics, ScheduledRequestMetrics
 
 DEFAULT_MAX_SAMPLES = 64
 DEFAULT_MIN_OBSERVATIONS = 5
@@ -44,8 +43,6 @@ MAX_KV_HIT_RATE = 0.95  # a prefix cache never makes prefill free: cap the disco
 # noise of an exact fit (e.g. -1e-20 s/token), not a physical claim; it is read as zero.
 NEGLIGIBLE_EFFECT_S = 1e-9
 # Capacity searches without a known KV capacity (reference §3.4).
-DEFAULT_DECODE_BATCH_CAP = 256
-DEFAULT_AGG_BATCH_CAP = 1024
 BOOTSTRAP_WORKER_ID = "profile"
 
 
@@ -91,22 +88,6 @@ class Fit:
     coef: tuple[float, ...]  # seconds per unit of each feature, after clipping
     clipped: tuple[str, ...]  # features whose negative coefficient was set to 0
     rank: int  # rank of the centred design; below the feature count = collinear samples
-
-
-class PrefillCapacity(NamedTuple):
-    engine_rps: float  # 0 = model not ready or invalid input
-    ttft_ms: float
-
-
-class DecodeCapacity(NamedTuple):
-    engine_rps: float
-    itl_ms: float
-
-
-class AggCapacity(NamedTuple):
-    engine_rps: float
-    ttft_ms: float
-    itl_ms: float
 
 
 def _ols(x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray, int]:
@@ -324,7 +305,7 @@ class _Regression:
         }
 
 
-def _chunked_prefill_s(total_tokens: float, mbt: int, predict: Any) -> float:
+def chunked_prefill_s(total_tokens: float, mbt: int, predict: Any) -> float:
     """Time to push `total_tokens` through iterations of at most `mbt` tokens: ceil(total/mbt)
     iterations, all full but the last. The predictions are linear, so this equals the per-chunk sum."""
     n = math.ceil(total_tokens / mbt)
@@ -371,21 +352,7 @@ class PrefillRegression(_Regression):
         total = (queued_prefill_tokens + self._avg_isl.value) * (1.0 - clamp_kv_hit_rate(kv_hit_rate))
         if total <= 0:
             return 0.0
-        return _chunked_prefill_s(total, max_num_batched_tokens, self._predict)
-
-    def find_best_engine_prefill_rps(
-        self, ttft_target_ms: float, isl_tokens: float, max_num_batched_tokens: int | None = None
-    ) -> PrefillCapacity:
-        """Requests/s one engine prefills at this ISL: 1 / wall time of one (chunked) prefill. Linear
-        in tokens, batching B requests takes B times as long, so the rate does not depend on B. An
-        unreachable target is still answered (the TTFT says so): the caller scales on load."""
-        if isl_tokens <= 0 or self._ensure_fit() is None:
-            return PrefillCapacity(0.0, 0.0)
-        if max_num_batched_tokens and max_num_batched_tokens > 0:
-            wall_s = _chunked_prefill_s(isl_tokens, max_num_batched_tokens, self._predict)
-        else:
-            wall_s = self._predict(isl_tokens)  # type: ignore[assignment]
-        return PrefillCapacity(1.0 / wall_s, wall_s * 1000.0)  # type: ignore[operator]
+        return chunked_prefill_s(total, max_num_batched_tokens, self._predict)
 
 
 class DecodeRegression(_Regression):
@@ -414,6 +381,11 @@ class DecodeRegression(_Regression):
         return self._avg_decode_len.value
 
     @property
+    def max_kv_seen(self) -> float:
+        """The most decode KV tokens one iteration has held (a batch-size cap without a configured one)."""
+        return self._max_kv_seen
+
+    @property
     def avg_num_decode_requests(self) -> float:
         return self._avg_num_decode.value
 
@@ -433,41 +405,6 @@ class DecodeRegression(_Regression):
             return None
         total_kv = scheduled_decode_kv + queued_decode_kv + self._avg_decode_len.value
         return self._predict(self._avg_num_decode.value + 1.0, total_kv)
-
-    def find_best_engine_decode_rps(
-        self,
-        itl_target_ms: float,
-        context_tokens: float,
-        osl_tokens: float,
-        max_kv_tokens: int | None = None,
-        max_num_seqs: int | None = None,
-    ) -> DecodeCapacity:
-        """Requests/s one engine decodes within the ITL target: the largest batch whose predicted
-        iteration fits, through Little's law (`batch / (osl * wall)`). Batch 1 over the target is
-        still answered with its rate and ITL."""
-        if context_tokens <= 0 or osl_tokens <= 0 or itl_target_ms <= 0 or self._ensure_fit() is None:
-            return DecodeCapacity(0.0, 0.0)
-        if max_kv_tokens and max_kv_tokens > 0:
-            kv_cap = max(1, int(max_kv_tokens / context_tokens))
-        elif self._max_kv_seen > 0:
-            kv_cap = max(1, int(self._max_kv_seen / context_tokens))
-        else:
-            kv_cap = DEFAULT_DECODE_BATCH_CAP
-        seq_cap = max_num_seqs if max_num_seqs and max_num_seqs > 0 else kv_cap
-        best_bs, best_wall = 1, self._predict(1.0, context_tokens)
-        assert best_wall is not None
-        if best_wall * 1000.0 <= itl_target_ms:
-            # Binary search: the prediction grows with the batch (coefficients are >= 0).
-            lo, hi = 1, max(1, min(kv_cap, seq_cap))
-            while lo <= hi:
-                mid = (lo + hi) // 2
-                wall = self._predict(float(mid), mid * context_tokens)
-                assert wall is not None
-                if wall * 1000.0 <= itl_target_ms:
-                    best_bs, best_wall, lo = mid, wall, mid + 1
-                else:
-                    hi = mid - 1
-        return DecodeCapacity(best_bs / (osl_tokens * best_wall), best_wall * 1000.0)
 
 
 class AggRegression(_Regression):
@@ -535,9 +472,7 @@ class AggRegression(_Regression):
         if total <= 0:
             return 0.0
         decode_kv = float(current_decode_kv)
-        return _chunked_prefill_s(
-            total, max_num_batched_tokens, lambda chunk: self._predict(chunk, decode_kv)
-        )
+        return chunked_prefill_s(total, max_num_batched_tokens, lambda chunk: self._predict(chunk, decode_kv))
 
     def estimate_next_itl(self, scheduled_decode_kv: float, queued_decode_kv: float) -> float | None:
         """ITL (seconds) with one more average request decoding and the usual prefill piggybacked."""
@@ -546,86 +481,5 @@ class AggRegression(_Regression):
         total_kv = scheduled_decode_kv + queued_decode_kv + self._avg_decode_len.value
         return self._predict(self._avg_prefill_tokens.value, total_kv)
 
-    def find_best_engine_agg_rps(
-        self,
-        isl_tokens: float,
-        osl_tokens: float,
-        max_num_batched_tokens: int,
-        ttft_target_ms: float,
-        itl_target_ms: float,
-        max_kv_tokens: int | None = None,
-        max_num_seqs: int | None = None,
-        kv_hit_rate: float | None = None,
-    ) -> AggCapacity:
-        """Requests/s one engine serves within both targets: sweep the decode batch up from 1 and
-        keep the last size meeting TTFT and ITL; the sweep stops where prefill admission can no
-        longer keep up with decode egress (`isl / (mbt - batch) > osl`)."""
-        mbt = max_num_batched_tokens
-        if isl_tokens <= 0 or osl_tokens <= 0 or mbt <= 0 or self._ensure_fit() is None:
-            return AggCapacity(0.0, 0.0, 0.0)
-        effective_isl = isl_tokens * (1.0 - clamp_kv_hit_rate(kv_hit_rate))
-        avg_ctx = isl_tokens + osl_tokens / 2.0  # KV residency uses the full ISL: hits save compute only
-        if max_kv_tokens and max_kv_tokens > 0:
-            kv_cap = max(1, int(max_kv_tokens / max(1.0, avg_ctx)))
-        else:
-            kv_cap = DEFAULT_AGG_BATCH_CAP
-        seq_cap = max_num_seqs if max_num_seqs and max_num_seqs > 0 else kv_cap
-        lo, hi = 1, max(1, min(kv_cap, seq_cap, mbt - 1))
-        while lo < hi:  # largest batch with admission >= egress
-            mid = (lo + hi + 1) // 2
-            if mbt - mid > 0 and isl_tokens / (mbt - mid) <= osl_tokens:
-                lo = mid
-            else:
-                hi = mid - 1
-        best = AggCapacity(0.0, 0.0, 0.0)
-        for bs in range(1, lo + 1):
-            decode_kv = bs * avg_ctx
-            prefill_per_iter = min(bs * effective_isl / max(1.0, osl_tokens), float(mbt))
-            wall = self._predict(prefill_per_iter, decode_kv)
-            ttft = self.estimate_next_ttft(int(prefill_per_iter), mbt, int(decode_kv))
-            assert wall is not None and ttft is not None
-            itl_ms, ttft_ms = wall * 1000.0, ttft * 1000.0
-            if itl_ms > itl_target_ms or ttft_ms > ttft_target_ms:
-                if bs == 1:
-                    best = AggCapacity(1.0 / (osl_tokens * wall), ttft_ms, itl_ms)
-                break
-            best = AggCapacity(bs / (osl_tokens * wall), ttft_ms, itl_ms)
-        return best
-
 
 Regression = PrefillRegression | DecodeRegression | AggRegression
-
-
-def bootstrap_fpms_from_profile(
-    profile: Profile,
-) -> tuple[list[ForwardPassMetrics], list[ForwardPassMetrics]]:
-    """Synthetic iterations from the profiling data (reference §3.4, bootstrap source 3), so the
-    models can estimate before the first live FPM arrives: `(prefill_fpms, decode_fpms)`.
-
-    Prefill: one request of `isl` tokens per point, wall time = TTFT. Decode: the active KV tokens
-    are `kv_usage * max_kv_tokens`, the batch is that over the context length (at least 1), and the
-    wall time is the ITL."""
-    prefill = [
-        ForwardPassMetrics(
-            worker_id=BOOTSTRAP_WORKER_ID,
-            dp_rank=0,
-            wall_time_s=float(ttft_ms) / 1000.0,
-            scheduled=ScheduledRequestMetrics(num_prefill_requests=1, sum_prefill_tokens=round(float(isl))),
-        )
-        for isl, ttft_ms in zip(profile.prefill.isl_tokens, profile.prefill.ttft_ms, strict=True)
-    ]
-    decode = []
-    data = profile.decode
-    for usage, ctx, itl_ms in zip(data.kv_usage, data.context_tokens, data.itl_ms, strict=True):
-        kv = round(float(usage) * data.max_kv_tokens)
-        decode.append(
-            ForwardPassMetrics(
-                worker_id=BOOTSTRAP_WORKER_ID,
-                dp_rank=0,
-                wall_time_s=float(itl_ms) / 1000.0,
-                scheduled=ScheduledRequestMetrics(
-                    num_decode_requests=max(1, round(kv / float(ctx))), sum_decode_kv_tokens=kv
-                ),
-            )
-        )
-    return prefill, decode

@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from app.core.interpolation import PerfModel
+from app.core.perf.interpolation import PerfModel
 
 # (upper bound in tokens, requests) of one ISL histogram bucket; the last bound may be inf.
 Bucket = tuple[float, float]

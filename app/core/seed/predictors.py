@@ -237,18 +237,16 @@ class KalmanPredictor(SeriesPredictor):
         log1p: bool = False,
     ) -> None:
         super().__init__(min_points=min_points)
-        from filterpy.kalman import KalmanFilter
-
         self.q_level, self.q_trend, self.r, self.log1p = q_level, q_trend, r, log1p
-        self._new_filter: Callable[[], Any] = lambda: KalmanFilter(dim_x=2, dim_z=1)
         self.kf = self._make_filter()
         self._initialised = False
         self._cached: float | None = None  # predicted level (model space) for the coming interval
 
     def _make_filter(self) -> Any:
         import numpy as np
+        from filterpy.kalman import KalmanFilter
 
-        kf = self._new_filter()
+        kf = KalmanFilter(dim_x=2, dim_z=1)
         kf.x = np.zeros((2, 1))
         kf.F = np.array([[1.0, 1.0], [0.0, 1.0]])
         kf.H = np.array([[1.0, 0.0]])

@@ -30,7 +30,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.core.load import LoadReason
+from app.core.seed.load import LoadReason
 
 # A series breaks where consecutive points are this many times further apart than its usual
 # spacing: a planner that was down must not draw a straight line across the outage.

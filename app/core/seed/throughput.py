@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from app.core.interpolation import PerfModel
-from app.core.replicas import plan_replicas
-from app.core.types import Replicas, Role, RoleBounds, Stage, TrafficForecast, TrafficObservation
+from app.core.perf.interpolation import PerfModel
+from app.core.seed.replicas import plan_replicas
+from app.core.types import Replicas, Role, TrafficForecast, TrafficObservation
 
 
 class ThroughputReason(StrEnum):
@@ -193,49 +193,3 @@ def throughput_step(
         f"{role}: {plan.prefill_reason if role == 'prefill' else plan.decode_reason}" for role in roles
     )
     return ThroughputResult(replicas, ThroughputReason.SCALE, detail, diagnostics)
-
-
-def apply_gpu_budget(
-    replicas: Replicas | None,
-    *,
-    budget_gpus: int | None,
-    gpus_per_engine: dict[Role, int],
-    bounds: dict[Role, RoleBounds],
-) -> Stage:
-    """Fit a target into the deployment's GPU budget (reference §1.4) without ever raising a
-    role above what was asked for. Infeasible (the minimums alone exceed it) -> all zero."""
-    if replicas is None:
-        return Stage("budget", None, "no target")
-    if budget_gpus is None:
-        return Stage("budget", dict(replicas), "no GPU budget")
-    gpus = {role: gpus_per_engine.get(role, 1) for role in replicas}
-    total = sum(count * gpus[role] for role, count in replicas.items())
-    if total <= budget_gpus:
-        return Stage("budget", dict(replicas), f"{total} GPUs within the budget of {budget_gpus}")
-    mins = {role: bounds[role].min_replicas if role in bounds else 1 for role in replicas}
-    min_total = sum(mins[role] * gpus[role] for role in replicas)
-    if budget_gpus < min_total:
-        zero = {role: 0 for role in replicas}
-        return Stage(
-            "budget",
-            zero,
-            f"budget {budget_gpus} GPUs is below the minimum replicas' {min_total} GPUs: scaled to zero",
-        )
-
-    result: Replicas = {}
-    if set(replicas) == {"prefill", "decode"}:
-        p, d = replicas["prefill"], replicas["decode"]
-        p_gpu, d_gpu = gpus["prefill"], gpus["decode"]
-        scale = budget_gpus / total
-        max_p = (budget_gpus - mins["decode"] * d_gpu) // p_gpu
-        result["prefill"] = max(mins["prefill"], min(max_p, math.floor(p * scale)))
-        # The reference hands all leftover GPUs to decode; a ceiling must not add replicas nobody asked for.
-        result["decode"] = min(d, max(mins["decode"], (budget_gpus - result["prefill"] * p_gpu) // d_gpu))
-    else:
-        for role, count in replicas.items():
-            result[role] = min(count, max(mins[role], budget_gpus // gpus[role]))
-    used = sum(result[role] * gpus[role] for role in result)
-    changes = ", ".join(
-        f"{role} {replicas[role]} -> {result[role]}" for role in result if result[role] != replicas[role]
-    )
-    return Stage("budget", result, f"{total} GPUs over the budget of {budget_gpus}: {changes} ({used} GPUs)")

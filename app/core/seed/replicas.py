@@ -19,7 +19,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from app.core.interpolation import PerfModel
+from app.core.perf.interpolation import PerfModel
 
 
 @dataclass(frozen=True)

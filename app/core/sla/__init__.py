@@ -1,0 +1,2 @@
+"""SLA scaling, the planner's own algorithm: settings, learned state, demand forecast, capacity
+formulas and the step."""

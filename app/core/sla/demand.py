@@ -1,0 +1,241 @@
+"""The demand one lead ahead: the level and burst of the recent traffic, the headroom the
+traffic's own history teaches (the peak within a lead), any ramp under way, the length mix and the
+burstiness (docs/scaling.md)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import warnings
+from collections import deque
+
+import numpy as np
+from statsmodels.regression.quantile_regression import QuantReg
+from statsmodels.tools.sm_exceptions import IterationLimitWarning
+
+from app.core.sla.capacity import Bucket, LengthMix, decode_concurrency, peak_concurrency
+from app.core.sla.settings import SlaSettings
+from app.core.sla.state import SlaState
+from app.core.sla.types import Demand, Growth, TrafficSample
+
+_DISPERSION_MIN_TICKS = 6
+_QUANTREG_MAX_ITER = 2000
+
+
+def _rates(samples: list[TrafficSample]) -> tuple[float, float, float | None, float | None]:
+    """(duration, requests, mean ISL, mean OSL) of consecutive samples merged."""
+    duration = sum(s.duration_s for s in samples)
+    num = sum(s.num_req for s in samples)
+    isl_n = [(s.isl, s.num_req) for s in samples if s.isl is not None and s.num_req > 0]
+    osl_n = [(s.osl, s.num_req) for s in samples if s.osl is not None and s.num_req > 0]
+    isl = sum(v * n for v, n in isl_n) / sum(n for _, n in isl_n) if isl_n else None
+    osl = sum(v * n for v, n in osl_n) / sum(n for _, n in osl_n) if osl_n else None
+    return duration, num, isl, osl
+
+
+def demand_at(state: SlaState, now: float, lead_s: float, settings: SlaSettings) -> Demand | None:
+    """The rate to size for: the busiest `burst_window_s` of the last `level_window_s`, or the
+    smoother `trend_window_s` level raised by its growth or ramp over the lead, whichever is
+    more. Lengths are the trend window's means (ISL shifts move prefill work as much as the
+    request rate does); burstiness is the index of dispersion of the per-tick request counts."""
+    smooth = [s for s in state.samples if s.end_s > now - settings.trend_window_s]
+    d_smooth, n_smooth, isl, osl = _rates(smooth)
+    if d_smooth > 0 and n_smooth == 0:
+        isl = osl = 0.0  # no request at all: nothing to serve, not an unknown
+    if d_smooth <= 0 or isl is None or osl is None:
+        return None
+    # The busiest `burst_window_s` of the level window: a burst longer than the TTFT target
+    # builds a queue whatever the minute's mean, so the level is the burst's rate.
+    level = _busiest(
+        [s for s in state.samples if s.end_s > now - settings.level_window_s], settings.burst_window_s
+    )
+    trend = n_smooth / d_smooth
+
+    def in_flight(rate: float) -> float:
+        return decode_concurrency(request_rate_s=rate, osl_tokens=osl, itl_target_ms=settings.itl_target_ms)
+
+    if state.first_s is not None and now - state.first_s >= settings.trend_window_s:
+        # Only a full window is a level: the first ticks' partial windows would read as a ramp.
+        state.history.append((now, trend * isl, in_flight(trend)))
+    while state.history and state.history[0][0] <= now - settings.history_s:
+        state.history.popleft()
+    growth = _growth_quantiles(state.history, lead_s, settings) if settings.trend else None
+    learned = growth is not None
+    if settings.trend and growth is None:
+        # Nothing learned yet is the widest uncertainty, not none: a cold start gets a wide
+        # headroom until the history has its points (a service starting into a ramp).
+        cold = settings.cold_start_growth
+        growth = Growth(tokens=cold, flight=cold, neighbours=(cold, cold), regression=None)
+    g_tokens, g_flight = (growth.tokens, growth.flight) if growth else (1.0, 1.0)
+    # A ramp under way goes on for the lead: its slope, carried from the middle of the window.
+    ahead_s = lead_s + settings.trend_window_s / 2
+    slope_window_s = max(2 * settings.trend_window_s, lead_s)
+    ramp = (
+        _slopes(state.history, now - slope_window_s, settings.trend_window_s)
+        if settings.trend
+        else (0.0, 0.0)
+    )
+    tokens_s = max(level * isl, trend * isl * g_tokens, trend * isl + ramp[0] * ahead_s)
+    dispersion = _dispersion(list(state.samples))
+    flight_mean = max(in_flight(level), in_flight(trend) * g_flight, in_flight(trend) + ramp[1] * ahead_s)
+    buckets = _merged_buckets(list(state.samples))
+    mix = LengthMix.from_histogram(buckets, isl, settings.quantile) if buckets else LengthMix.uniform(isl)
+    return Demand(
+        request_rate_s=level,
+        token_rate_s=tokens_s,
+        in_flight_mean=flight_mean,
+        in_flight=peak_concurrency(
+            flight_mean, dispersion=dispersion, quantile=settings.decode_peak_quantile
+        ),
+        isl=isl,
+        osl=osl,
+        mix=mix,
+        dispersion=dispersion,
+        growth=growth,
+        growth_learned=learned,
+        ramp=ramp,
+    )
+
+
+def _slopes(
+    history: deque[tuple[float, float, float]], since_s: float, min_span_s: float
+) -> tuple[float, float]:
+    """Least-squares slopes (per second) of both levels since `since_s`, never below 0: only a
+    rise is carried forward (the planner never scales in on a forecast). Points spanning less
+    than `min_span_s` give no slope: the first minute's levels are too few to say anything."""
+    points = np.array([h for h in history if h[0] > since_s])
+    if len(points) < 3 or np.ptp(points[:, 0]) < min_span_s:
+        return 0.0, 0.0
+    t = points[:, 0] - points[:, 0].mean()
+    denom = float((t * t).sum())
+    tokens, flight = (
+        max(0.0, float((t * (points[:, k] - points[:, k].mean())).sum()) / denom) for k in (1, 2)
+    )
+    return tokens, flight
+
+
+def _busiest(items: list[TrafficSample], window_s: float) -> float:
+    """The highest request rate over any run of consecutive ticks spanning at least `window_s`
+    (all of them if they span less)."""
+    best = 0.0
+    for end in range(len(items)):
+        start, span = end, items[end].duration_s
+        while start > 0 and span < window_s:
+            start -= 1
+            span += items[start].duration_s
+        d, n, _, _ = _rates(items[start : end + 1])
+        if d > 0 and (span >= window_s or start == 0):
+            best = max(best, n / d)
+    return best
+
+
+def _dispersion(items: list[TrafficSample]) -> float:
+    """Var ÷ mean of the per-tick request counts: 1 for Poisson arrivals, more for bursts. The
+    variance comes from the differences of consecutive ticks (a trend is not burstiness), by
+    their median absolute deviation (one step in the level, a single large difference, is not
+    burstiness either)."""
+    if len(items) < _DISPERSION_MIN_TICKS:
+        return 1.0  # the deviation of two or three differences says nothing
+    tick_s = statistics.fmean(s.duration_s for s in items)
+    counts = np.array([s.num_req / s.duration_s * tick_s for s in items if s.duration_s > 0])
+    mean = float(counts.mean())
+    if mean <= 0:
+        return 1.0
+    diffs = np.diff(counts)
+    sigma = 1.4826 * float(np.median(np.abs(diffs - np.median(diffs))))
+    return max(1.0, sigma * sigma / 2 / mean)
+
+
+def _growth_quantiles(
+    history: deque[tuple[float, float, float]], lead_s: float, settings: SlaSettings
+) -> Growth | None:
+    """How far each level rose within `lead_s`, as the traffic kept in the history did it: the
+    `growth_quantile` of max(level over [t, t + lead]) ÷ level(t), at least 1, for prompt tokens
+    and for requests in decode. The peak within the lead, not the level at its end: an engine let
+    go now is back no sooner than a lead later, so the engines kept now must serve everything up
+    to then. None until the history has `growth_min_points` such pairs.
+
+    Two estimates, of which the larger counts (docs/scaling.md):
+    - **neighbours**: the empirical quantile among the pairs that started nearest the level now
+      (`growth_neighbour_share` of them, at least `growth_min_points`, nearest by ratio). From a
+      trough traffic tends to climb, from a peak to fall: a quantile over the whole history is
+      too thin in a trough and too wide at a peak, where the engines are many.
+    - **regression** (`growth_regression`): a linear quantile regression of the log growth on the
+      log of the level over the history's geometric mean, read at the level now. It pools every
+      pair, so it sees the pull back towards the usual level in a trough the history has no
+      neighbours for yet (the first trough), where the neighbours see only the flat trough. It
+      is capped at that way back: the history's median level over the level now (`ceiling`)."""
+    times = np.array([h[0] for h in history])
+    later = np.searchsorted(times, times + lead_s)
+    starts = np.flatnonzero(later < len(times))
+    if len(starts) < settings.growth_min_points:
+        return None
+    # Both estimates are at least 1 (the forecast only ever raises the demand).
+    neighbours, regression, ceiling = [], [], []
+    for column in (1, 2):
+        levels = np.array([h[column] for h in history])
+        base = levels[starts]
+        peaks = np.array([levels[i : later[i] + 1].max() for i in starts])
+        pairs = base > 0
+        now = levels[-1]
+        if not pairs.any() or now <= 0:
+            neighbours.append(1.0)
+            regression.append(1.0)
+            ceiling.append(1.0)
+            continue
+        log_growth = np.log(peaks[pairs] / base[pairs])
+        log_level = np.log(base[pairs])
+        near = log_growth
+        if settings.growth_neighbour_share < 1:
+            keep = max(settings.growth_min_points, int(settings.growth_neighbour_share * len(near)))
+            near = log_growth[np.argsort(np.abs(log_level - math.log(now)), kind="stable")[:keep]]
+        neighbours.append(max(1.0, math.exp(float(np.quantile(near, settings.growth_quantile)))))
+        predicted = usual = 0.0  # with the regression off: x1, which the neighbours outvote
+        if settings.growth_regression:
+            reference = float(np.log(levels[levels > 0]).mean())
+            predicted = _quantile_line(
+                log_level - reference, log_growth, settings.growth_quantile, math.log(now) - reference
+            )
+            # The way back to the usual level, and no further: a straight line along the
+            # history's upper envelope can read far more deep in a trough (ServeGen's first: x4,
+            # where the way back to the usual level was x2), and above that level the neighbours
+            # know better.
+            median = float(np.median(levels))
+            usual = math.log(median / now) if median > 0 else 0.0
+        regression.append(max(1.0, math.exp(min(predicted, usual))))
+        ceiling.append(math.exp(usual))
+    return Growth(
+        tokens=max(neighbours[0], regression[0]),
+        flight=max(neighbours[1], regression[1]),
+        neighbours=(neighbours[0], neighbours[1]),
+        regression=(regression[0], regression[1]) if settings.growth_regression else None,
+        ceiling=(ceiling[0], ceiling[1]) if settings.growth_regression else None,
+    )
+
+
+def _quantile_line(x: np.ndarray, y: np.ndarray, quantile: float, at: float) -> float:
+    """The `quantile` of y given x = `at`, by linear quantile regression (statsmodels). Where x
+    does not vary or the fit fails, the plain quantile of y: the line has nothing to lean on."""
+    if np.ptp(x) <= 1e-9:
+        return float(np.quantile(y, quantile))
+    design = np.column_stack([np.ones_like(x), x])
+    with warnings.catch_warnings():
+        # Few distinct growths (steady traffic) converge slowly; the last iterate is still a line
+        # of the right quantile to within its tolerance. The fit also estimates its standard
+        # errors, which divide by zero when most residuals are 0; only the line is used.
+        warnings.simplefilter("ignore", IterationLimitWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        try:
+            intercept, slope = QuantReg(y, design).fit(q=quantile, max_iter=_QUANTREG_MAX_ITER).params
+        except (np.linalg.LinAlgError, ValueError):
+            return float(np.quantile(y, quantile))
+    value = float(intercept + slope * at)
+    return value if math.isfinite(value) else float(np.quantile(y, quantile))
+
+
+def _merged_buckets(items: list[TrafficSample]) -> list[Bucket]:
+    merged: dict[float, float] = {}
+    for s in items:
+        for bound, count in s.isl_buckets:
+            merged[bound] = merged.get(bound, 0.0) + count
+    return sorted(merged.items())

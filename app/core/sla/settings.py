@@ -1,0 +1,93 @@
+"""SLA scaling's settings: the tunables of a deployment's `scaling:` section (`SlaTuning`, declared
+once here with their descriptions; `app/config.py`'s `ScalingConfig` extends it) and what the
+deployment adds (targets, bounds, engine capacities).
+
+pydantic, not a dataclass: the deployments file, the replay and any embedder validate the same
+fields with the same messages, and `planner` documents them from these descriptions.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.core.types import Role, RoleBounds
+
+
+class SlaTuning(BaseModel):
+    """How SLA scaling reads the traffic and sizes the engines (docs/scaling.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    quantile: float = Field(
+        default=0.99,
+        gt=0,
+        lt=1,
+        description="quantile of the prompt-length mix and of the TTFT prefill is sized for",
+    )
+    prefill_max_utilisation: float = Field(
+        default=0.9, gt=0, le=1, description="the busiest a prefill engine may be planned to run"
+    )
+    decode_itl_margin: float = Field(
+        default=1.0, gt=0, le=1, description="decode batches are sized for this share of the ITL target"
+    )
+    decode_peak_quantile: float = Field(
+        default=0.99, gt=0, lt=1, description="of the requests in flight, the count decode is sized for"
+    )
+    level_window_s: float = Field(
+        default=20.0, gt=0, description="the recent window whose busiest burst sets the level"
+    )
+    burst_window_s: float = Field(
+        default=10.0, gt=0, description="the burst length the level is measured over"
+    )
+    trend_window_s: float = Field(
+        default=60.0, gt=0, description="the smoother level the forecast raises; also the lengths' window"
+    )
+    lookback_s: float = Field(
+        default=300.0, gt=0, description="how long traffic samples are kept (ISL histogram, burstiness)"
+    )
+    scale_down_window_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="a wish keeps its engines this long (the shortest window, whatever the leads)",
+    )
+    scale_down_window_leads: float = Field(
+        default=0.0,
+        ge=0,
+        description="the scale-down window in measured scaling latencies if longer than scale_down_window_s",
+    )
+    startup_estimate_s: float = Field(
+        default=120.0, ge=0, description="how long ordered engines take to serve, until it is measured"
+    )
+    trend: bool = Field(default=True, description="forecast one lead ahead (headroom and ramp)")
+    history_s: float = Field(
+        default=1800.0, gt=0, description="how much of the traffic's past the forecast's headroom learns from"
+    )
+    growth_quantile: float = Field(
+        default=0.9, gt=0, lt=1, description="quantile of the peak-within-a-lead growth the headroom covers"
+    )
+    growth_neighbour_share: float = Field(
+        default=0.3,
+        gt=0,
+        le=1,
+        description="the headroom learns from this share of the history's pairs, those nearest the level now",
+    )
+    growth_regression: bool = Field(
+        default=True,
+        description="also estimate the headroom by quantile regression on the level (the larger counts)",
+    )
+    cold_start_growth: float = Field(
+        default=1.6, ge=1, description="the forecast's headroom until the history can teach one"
+    )
+
+
+class SlaSettings(SlaTuning):
+    """The tunables plus what the deployment says: targets, bounds and engine capacities."""
+
+    ttft_target_ms: float = Field(gt=0)
+    itl_target_ms: float = Field(gt=0)
+    bounds: dict[Role, RoleBounds]
+    chunk_tokens: int = Field(ge=1, description="prefill max_num_batched_tokens")
+    max_kv_tokens: int = Field(ge=1, description="KV cache capacity per decode engine")
+    growth_min_points: int = Field(default=24, ge=1, description="history pairs to learn the headroom")
+    scale_bounds: tuple[float, float] = (0.5, 4.0)
+    scale_smoothing: float = Field(default=0.3, gt=0, le=1, description="EWMA weight of a tick's ratio")

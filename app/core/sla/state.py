@@ -1,0 +1,39 @@
+"""What SLA scaling learns between ticks: the traffic samples, wishes and level history, the
+measured scales and scaling latency. The planner owns one per deployment (app/core/planner.py)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from app.core.perf.fpm import ForwardPassMetrics
+from app.core.sla.types import EngineKey, TrafficSample
+from app.core.types import Role
+
+
+@dataclass
+class SlaState:
+    samples: deque[TrafficSample] = field(default_factory=deque)
+    wishes: deque[tuple[float, dict[Role, int]]] = field(default_factory=deque)
+    # (t, prompt tokens per second, requests in decode at the target) of the level window
+    history: deque[tuple[float, float, float]] = field(default_factory=deque)
+    scale: dict[Role, float] = field(default_factory=dict)
+    first_s: float | None = None
+    # Scaling latency: the open scale-up orders (role -> (ordered at, count)) and the measurements.
+    orders: dict[Role, tuple[float, int]] = field(default_factory=dict)
+    lead_s: float | None = None
+    seen: dict[tuple[Role, EngineKey], ForwardPassMetrics] = field(default_factory=dict)
+
+    def copy(self) -> SlaState:
+        """An independent copy for one tick to change. The elements (samples, tuples, records)
+        are immutable, so copying the containers is enough."""
+        return SlaState(
+            samples=deque(self.samples),
+            wishes=deque(self.wishes),
+            history=deque(self.history),
+            scale=dict(self.scale),
+            first_s=self.first_s,
+            orders=dict(self.orders),
+            lead_s=self.lead_s,
+            seen=dict(self.seen),
+        )

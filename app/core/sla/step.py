@@ -1,0 +1,210 @@
+"""SLA scaling: the planner's own algorithm (the seed's throughput and load modes are `seed`).
+
+Every tick (`scaling.interval_s`, 5 s by default) it reads what a controller can read: the
+frontend's traffic since the previous tick (requests, mean ISL and OSL, the ISL histogram), each
+engine's latest forward pass (FPM) and the ready counts. Then, per role:
+
+1. **World over profile** (`scale`): each fresh forward pass's wall time over the profile's time
+   for the same work; the median of a tick's ratios, smoothed (EWMA) and bounded. Iterations are
+   immune to the transients that mislead latency-based corrections (engines starting or
+   draining change the latency users see, not the time an iteration of a given size takes).
+2. **Lead** (`lead_s`): how long ordered engines took to become ready, measured from the planner's
+   own scale-ups (EWMA); `startup_estimate_s` until it has measured one. The planner sizes for
+   the traffic one lead ahead: engines ordered now serve no sooner.
+3. **Demand**: the request rate of the busiest `burst_window_s` (10 s) of the last
+   `level_window_s` (20 s): a burst longer than the TTFT target builds a queue whatever the
+   minute's mean, and the window follows it within a tick. Or, where more, the smoother
+   `trend_window_s` level raised by its forecast: the peak it reached within one lead in the
+   traffic's own history (the `growth_quantile` of max(level over [t, t + lead]) ÷ level(t) over
+   `history_s`, the larger of two estimates: among the pairs that started nearest the level now,
+   and by a quantile regression on the level, capped at the way back to the history's median
+   level; until that history has `growth_min_points`,
+   `cold_start_growth`) and a ramp under way (the level's slope over max(2 × trend window,
+   lead), carried a lead ahead). The forecast only ever raises the demand.
+   Lengths are the trend window's means and the ISL histogram of the samples kept (`lookback_s`);
+   burstiness is the index of dispersion of the per-tick request counts.
+4. **Wish**: engines for that demand (`app/core/sla/capacity.py`): prefill for the TTFT target
+   including queueing (bursts and the prompt-length mix) and the prompts queued now; decode for
+   the ITL target by Little's law at the `decode_peak_quantile` of the requests in flight,
+   against the largest batch meeting `decode_itl_margin` × the target; decode also for the
+   requests the engines actually hold or queue now, when that is more.
+5. **Target**: up at once to the wish; down only to the highest wish of the scale-down window
+   (`scale_down_window_s`, or `scale_down_window_leads` measured leads when that is longer), not
+   before the planner has watched a full window, and not before the headroom is learned: the
+   headroom, not the window, covers the lead.
+
+Nothing here reads the clock: `now_s` comes with the input. State (the samples, wishes and
+measured scales) is an explicit object the caller keeps between ticks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from app.core.perf.interpolation import PerfModel
+from app.core.sla.capacity import decode_batch_limit, prefill_engines
+from app.core.sla.demand import demand_at
+from app.core.sla.learners import update_lead, update_scale
+from app.core.sla.settings import SlaSettings
+from app.core.sla.state import SlaState
+from app.core.sla.types import Demand, SlaInput, SlaReason, SlaResult
+from app.core.types import Role
+
+
+def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: SlaSettings) -> SlaResult:
+    now = inp.now_s
+    if state.first_s is None:
+        state.first_s = now
+    scales = {role: update_scale(model, state, role, records, settings) for role, records in inp.fpm.items()}
+    lead_s = update_lead(state, inp, settings)
+    if inp.traffic is not None and inp.traffic.duration_s > 0:
+        state.samples.append(inp.traffic)
+    while state.samples and state.samples[0].end_s <= now - settings.lookback_s:
+        state.samples.popleft()
+    diagnostics: dict[str, Any] = {
+        "scale": {r: round(s, 4) for r, s in state.scale.items()},
+        "scale_samples": scales,
+        "lead_s": round(lead_s, 1),
+        "lead_measured": state.lead_s is not None,
+    }
+    if model is None:
+        return SlaResult(None, SlaReason.MODEL_NOT_READY, "no performance model", diagnostics)
+    demand = demand_at(state, now, lead_s, settings)
+    if demand is None:
+        return SlaResult(None, SlaReason.NO_TRAFFIC_DATA, "no traffic in the level window", diagnostics)
+    diagnostics["demand"] = {
+        "request_rate_s": round(demand.request_rate_s, 3),
+        "token_rate_s": round(demand.token_rate_s, 1),
+        "in_flight_mean": round(demand.in_flight_mean, 1),
+        "in_flight": round(demand.in_flight, 1),
+        "dispersion": round(demand.dispersion, 2),
+        "growth": [round(demand.growth.tokens, 3), round(demand.growth.flight, 3)] if demand.growth else None,
+        "growth_learned": demand.growth_learned,
+        "growth_neighbours": _rounded(demand.growth.neighbours) if demand.growth_learned else None,
+        "growth_regression": _rounded(demand.growth.regression) if demand.growth_learned else None,
+        "growth_regression_ceiling": _rounded(demand.growth.ceiling) if demand.growth_learned else None,
+        "ramp_per_s": [round(r, 4) for r in demand.ramp],
+        "isl_mean": round(demand.isl, 1),
+        "isl_quantile": round(demand.mix.quantile, 1),
+        "osl_mean": round(demand.osl, 1),
+    }
+    wish, role_diag = _wishes(model, demand, inp, state, settings, lead_s)
+    diagnostics["roles"] = role_diag
+    if not inp.inventory_known:
+        detail = "how many engines run is not known yet (no connector report, decision or FPM)"
+        return SlaResult(None, SlaReason.NO_INVENTORY, detail, diagnostics)
+    state.wishes.append((now, wish))
+    window_s = scale_down_window_s(settings, lead_s)
+    diagnostics["scale_down_window_s"] = round(window_s, 1)
+    # Strictly older than the window: with a window of 0 the current wish stays in it.
+    while state.wishes and state.wishes[0][0] < now - window_s:
+        state.wishes.popleft()
+    watched_s = now - state.first_s
+    target: dict[Role, int] = {}
+    reasons: dict[Role, SlaReason] = {}
+    notes = []
+    for role in settings.bounds:
+        current = inp.expected.get(role, inp.ready.get(role, 0))
+        want = wish[role]
+        if want > current:
+            target[role], reasons[role] = want, SlaReason.SCALE_UP
+        elif want == current:
+            target[role], reasons[role] = current, SlaReason.NO_CHANGE
+        elif watched_s < window_s:
+            target[role], reasons[role] = current, SlaReason.HOLD
+            role_diag[role]["hold"] = f"watched {watched_s:.0f} s of the {window_s:.0f} s window"
+        elif settings.trend and not demand.growth_learned:
+            # The window is short because the learned headroom covers the lead; until it is
+            # learned, nothing says which engines the next lead needs.
+            target[role], reasons[role] = current, SlaReason.HOLD
+            role_diag[role]["hold"] = "the forecast's headroom is not learned yet"
+        else:
+            stable = max(w[role] for _, w in state.wishes)
+            if stable < current:
+                target[role], reasons[role] = stable, SlaReason.SCALE_DOWN
+            else:
+                target[role], reasons[role] = current, SlaReason.HOLD
+                role_diag[role]["hold"] = f"highest wish of the window is {stable}"
+        role_diag[role]["reason"] = str(reasons[role])
+        notes.append(f"{role} {current}->{target[role]} ({reasons[role]}, wish {want})")
+        if target[role] > max(current, inp.ready.get(role, 0)) and role not in state.orders:
+            # An order still open keeps its start: the engines it asked for come first. An order
+            # the ready engines already meet measures nothing.
+            state.orders[role] = (now, target[role])
+    order = (SlaReason.SCALE_UP, SlaReason.SCALE_DOWN, SlaReason.HOLD, SlaReason.NO_CHANGE)
+    reason = next(r for r in order if r in reasons.values())
+    return SlaResult(target, reason, "; ".join(notes), diagnostics)
+
+
+def scale_down_window_s(settings: SlaSettings, lead_s: float) -> float:
+    """How long a wish keeps its engines: `scale_down_window_s`, or `scale_down_window_leads`
+    scaling latencies when that is longer (0 leads by default). The headroom already covers the
+    peak within one lead, so the window only filters the wish's tick-to-tick noise; a window in
+    leads trades GPU-hours for fewer restarts (docs/scaling.md)."""
+    return max(settings.scale_down_window_s, settings.scale_down_window_leads * lead_s)
+
+
+def _wishes(
+    model: PerfModel, demand: Demand, inp: SlaInput, state: SlaState, settings: SlaSettings, lead_s: float
+) -> tuple[dict[Role, int], dict[Role, dict[str, Any]]]:
+    wish: dict[Role, int] = {}
+    diag: dict[Role, dict[str, Any]] = {}
+    if "prefill" in settings.bounds:
+        scale = state.scale.get("prefill", 1.0)
+        # The prompts queued now must be cleared too, by the time more engines could serve.
+        queued = sum(r.queued.sum_prefill_tokens for r in inp.fpm.get("prefill", {}).values())
+        backlog_rate = queued / max(lead_s, settings.level_window_s)
+        sizing = prefill_engines(
+            model,
+            token_rate_s=demand.token_rate_s + backlog_rate,
+            mix=demand.mix,
+            ttft_target_ms=settings.ttft_target_ms,
+            chunk_tokens=settings.chunk_tokens,
+            scale=scale,
+            quantile=settings.quantile,
+            max_utilisation=settings.prefill_max_utilisation,
+            max_engines=settings.bounds["prefill"].max_replicas,
+            dispersion=demand.dispersion,
+        )
+        wish["prefill"] = settings.bounds["prefill"].clamp(sizing.engines)
+        diag["prefill"] = {
+            "needed": sizing.engines,
+            "wish": wish["prefill"],
+            "utilisation": round(sizing.utilisation, 3),
+            "wait_s": round(sizing.wait_s, 3) if math.isfinite(sizing.wait_s) else None,
+            "service_s": round(sizing.service_s, 3),
+            "capacity_tokens_s": round(sizing.capacity_tokens_s, 1),
+            "queued_tokens": queued,
+            "backlog_tokens_s": round(backlog_rate, 1),
+            "meets_target": sizing.meets_target,
+        }
+    if "decode" in settings.bounds:
+        scale = state.scale.get("decode", 1.0)
+        batch = decode_batch_limit(
+            model,
+            isl_tokens=demand.isl,
+            osl_tokens=demand.osl,
+            itl_target_ms=settings.itl_target_ms * settings.decode_itl_margin,
+            scale=scale,
+            max_kv_tokens=settings.max_kv_tokens,
+        )
+        in_flight = demand.in_flight
+        held = sum(
+            r.scheduled.num_decode_requests + r.queued.num_decode_requests
+            for r in inp.fpm.get("decode", {}).values()
+        )
+        needed = max(math.ceil(in_flight / batch), math.ceil(held / batch))
+        wish["decode"] = settings.bounds["decode"].clamp(needed)
+        diag["decode"] = {
+            "needed": needed,
+            "wish": wish["decode"],
+            "batch_limit": batch,
+            "in_flight_at_target": round(in_flight, 1),
+            "held_now": held,
+        }
+    return wish, diag
+
+
+def _rounded(pair: tuple[float, float] | None) -> list[float] | None:
+    return [round(v, 3) for v in pair] if pair else None

@@ -1,0 +1,387 @@
+"""The shape of `app/`: no import cycles between its modules, and no oversized module in the core.
+
+Read from the source with `ast`, nothing is imported. Every import counts as an edge: at module
+level, inside a function, under `if TYPE_CHECKING:` (a cycle that only type checkers see is still
+a knot two modules can only be changed together). A lazy import is how a cycle is usually hidden,
+not how it is removed.
+
+Nodes are modules named as Python does (`app/core/tick.py` is `app.core.tick`, a package's
+`__init__.py` is the package). Edges:
+
+- `import app.x.y` goes to `app.x.y`;
+- `from app.x import y` goes to `app.x.y` when that is a module (the import loads it), else to
+  `app.x` (`y` is a name defined there);
+- relative imports are resolved against the importing module's package first.
+
+A target that is not a file under `app/` (a typo, a module being moved) goes to its longest
+prefix that is one, or nowhere. Importing `app.x.y` also runs `app/x/__init__.py`, but that
+implicit edge is not drawn: none of the packages' `__init__` re-exports from its submodules today,
+so no edge from a package `__init__` to its own submodules needs ignoring either. If one starts
+re-exporting, `from app.pkg import name` in a submodule would become a real cycle through the
+`__init__`, and this test reporting it is what we want.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+APP_DIR = REPO_ROOT / "app"
+CORE_DIR = APP_DIR / "core"
+MAX_CORE_LINES = 500
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    where: str  # `app/x.py:12`, the import statement
+
+
+def module_name(path: Path, root: Path) -> str:
+    """`app/core/tick.py` -> `app.core.tick`, `app/core/__init__.py` -> `app.core`."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _resolve(name: str, modules: Iterable[str]) -> str | None:
+    """`name` if it is a module, else its longest prefix that is one; None when none is."""
+    known = set(modules)
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in known:
+            return candidate
+        parts.pop()
+    return None
+
+
+def _relative_base(module: str, is_package: bool, level: int) -> str | None:
+    """The package a `from .{level}` import starts from; None when it climbs out of the tree."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    if level - 1 > len(package) - 1:
+        return None
+    return ".".join(package[: len(package) - (level - 1)])
+
+
+def imports_of(
+    module: str, source: str, filename: str, modules: Iterable[str], *, is_package: bool = False
+) -> list[Edge]:
+    """The edges from `module` (whose text is `source`) to other modules among `modules`."""
+    known = set(modules)
+    edges: list[Edge] = []
+
+    def add(target: str | None, lineno: int) -> None:
+        if target is None or not (target == "app" or target.startswith("app.")):
+            return
+        resolved = _resolve(target, known)
+        # A module naming itself (`from app.pkg import name` inside app/pkg/__init__.py) is no cycle.
+        if resolved is not None and resolved != module:
+            edges.append(Edge(module, resolved, f"{filename}:{lineno}"))
+
+    for node in ast.walk(ast.parse(source, filename=filename)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = _relative_base(module, is_package, node.level)
+                if base is None:
+                    continue
+                parent = f"{base}.{node.module}" if node.module else base
+            else:
+                parent = node.module or ""
+            for alias in node.names:
+                submodule = f"{parent}.{alias.name}"
+                add(submodule if submodule in known else parent, node.lineno)
+    return edges
+
+
+def app_graph(root: Path = REPO_ROOT) -> tuple[dict[str, set[str]], list[Edge]]:
+    """Every module under `root/app` -> the modules it imports, and the edges with their lines."""
+    paths = sorted((root / "app").rglob("*.py"))
+    names = {module_name(p, root): p for p in paths}
+    graph: dict[str, set[str]] = {name: set() for name in names}
+    edges: list[Edge] = []
+    for name, path in names.items():
+        found = imports_of(
+            name,
+            path.read_text(encoding="utf-8"),
+            str(path.relative_to(root)),
+            names,
+            is_package=path.name == "__init__.py",
+        )
+        edges.extend(found)
+        graph[name].update(e.target for e in found)
+    return graph, edges
+
+
+def strongly_connected(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components with more than one module, each sorted, in
+    sorted order. (Self-edges are never drawn, see `imports_of`.)"""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component: list[str] = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(components)
+
+
+def _shortest_path(graph: Mapping[str, Iterable[str]], start: str, goal: str, within: set[str]) -> list[str]:
+    """Breadth-first, inside one component (where a path always exists)."""
+    previous: dict[str, str | None] = {start: None}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        if node == goal:
+            break
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in within and nxt not in previous:
+                previous[nxt] = node
+                queue.append(nxt)
+    path: list[str] = []
+    at: str | None = goal
+    while at is not None:
+        path.append(at)
+        at = previous[at]
+    return path[::-1]
+
+
+def cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """For every edge that lies on a cycle, the shortest cycle through it, as `[a, b, ..., a]`
+    rotated to start at its smallest module; duplicates removed. Every import that has to go
+    for the graph to become acyclic appears in at least one of them (listing all elementary
+    cycles instead can blow up combinatorially in a large knot)."""
+    found: set[tuple[str, ...]] = set()
+    for component in strongly_connected(graph):
+        members = set(component)
+        for source in component:
+            for target in sorted(set(graph.get(source, ())) & members):
+                loop = [source, *_shortest_path(graph, target, source, members)][:-1]
+                start = loop.index(min(loop))
+                rotated = loop[start:] + loop[:start]
+                found.add((*rotated, rotated[0]))
+    return [list(c) for c in sorted(found)]
+
+
+def describe_cycles(graph: Mapping[str, Iterable[str]], edges: Iterable[Edge]) -> str:
+    """One `a -> b -> a` line per cycle, each import of it below with where it is."""
+    where: dict[tuple[str, str], list[str]] = {}
+    for edge in edges:
+        spots = where.setdefault((edge.source, edge.target), [])
+        if edge.where not in spots:
+            spots.append(edge.where)
+    lines: list[str] = []
+    for loop in cycles(graph):
+        lines.append(" -> ".join(loop))
+        for source, target in zip(loop, loop[1:], strict=False):
+            lines.append(f"    {source} -> {target}: {', '.join(where.get((source, target), ['?']))}")
+    return "\n".join(lines)
+
+
+def test_app_modules_are_found() -> None:
+    # Guards the test itself: an empty or mis-rooted walk would find no cycle anywhere.
+    graph, edges = app_graph()
+    assert {"app", "app.main", "app.core", "app.store", "app.workers.loop"} <= set(graph)
+    assert any(e.source == "app.main" for e in edges)
+
+
+def test_no_import_cycles_in_app() -> None:
+    graph, edges = app_graph()
+    report = describe_cycles(graph, edges)
+    if report:
+        pytest.fail("import cycles between app modules:\n" + report, pytrace=False)
+
+
+REPORTS_MAY_IMPORT = ("app.reports", "app.core", "app.store")
+
+
+def test_reports_import_only_core_and_store() -> None:
+    # app/reports/__init__.py: the room turns stored records into views; app.api and app.workers
+    # call into it, never the other way round.
+    _, edges = app_graph()
+    wrong = [
+        f"{e.where}: {e.source} imports {e.target}"
+        for e in edges
+        if (e.source == "app.reports" or e.source.startswith("app.reports."))
+        and not any(e.target == p or e.target.startswith(p + ".") for p in REPORTS_MAY_IMPORT)
+    ]
+    assert wrong == [], "app/reports may import only app.core and app.store:\n" + "\n".join(wrong)
+
+
+def core_line_counts() -> dict[str, int]:
+    return {
+        str(p.relative_to(REPO_ROOT)): len(p.read_text(encoding="utf-8").splitlines())
+        for p in sorted(CORE_DIR.rglob("*.py"))
+    }
+
+
+def test_core_modules_are_small() -> None:
+    counts = core_line_counts()
+    assert counts, "no module found under app/core"
+    offenders = sorted(((n, path) for path, n in counts.items() if n > MAX_CORE_LINES), reverse=True)
+    if offenders:
+        pytest.fail(
+            f"modules under app/core longer than {MAX_CORE_LINES} lines:\n"
+            + "\n".join(f"{path}: {n} lines" for n, path in offenders),
+            pytrace=False,
+        )
+
+
+# --- the checker on small cases -----------------------------------------------------------------
+
+MODULES = {
+    "app",
+    "app.a",
+    "app.b",
+    "app.pkg",
+    "app.pkg.mod",
+    "app.pkg.sub",
+    "app.pkg.sub.deep",
+}
+
+
+@dataclass(frozen=True)
+class ImportCase:
+    name: str
+    why: str
+    module: str
+    source: str
+    expected: list[str]
+    is_package: bool = False
+
+
+IMPORT_CASES = [
+    ImportCase("absolute", "import app.x", "app.a", "import app.b\n", ["app.b"]),
+    ImportCase("aliased", "an alias changes nothing", "app.a", "import app.pkg.mod as m\n", ["app.pkg.mod"]),
+    ImportCase("from_module", "names from a module", "app.a", "from app.b import f, g\n", ["app.b", "app.b"]),
+    ImportCase(
+        "from_package_submodule",
+        "`from app.pkg import mod` loads the submodule",
+        "app.a",
+        "from app.pkg import mod\n",
+        ["app.pkg.mod"],
+    ),
+    ImportCase(
+        "from_package_name",
+        "`from app.pkg import name` is the package itself",
+        "app.a",
+        "from app.pkg import thing\n",
+        ["app.pkg"],
+    ),
+    ImportCase(
+        "missing_module",
+        "a module that is not there goes to its nearest existing parent",
+        "app.a",
+        "from app.pkg.gone import x\n",
+        ["app.pkg"],
+    ),
+    ImportCase("outside_app", "other packages are no edges", "app.a", "import os\nfrom numpy import e\n", []),
+    ImportCase(
+        "in_function",
+        "a lazy import counts",
+        "app.a",
+        "def f():\n    from app.b import g\n    return g\n",
+        ["app.b"],
+    ),
+    ImportCase(
+        "type_checking",
+        "so does one only type checkers see",
+        "app.a",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from app.b import B\n",
+        ["app.b"],
+    ),
+    ImportCase("relative_sibling", "from . import", "app.pkg.mod", "from . import sub\n", ["app.pkg.sub"]),
+    ImportCase(
+        "relative_name",
+        "from .x import name",
+        "app.pkg.sub.deep",
+        "from ..mod import f\n",
+        ["app.pkg.mod"],
+    ),
+    ImportCase(
+        "relative_in_package",
+        "from . in an __init__ is the package itself",
+        "app.pkg",
+        "from .sub import deep\n",
+        ["app.pkg.sub.deep"],
+        is_package=True,
+    ),
+    ImportCase("self", "naming itself is no edge", "app.pkg", "from app.pkg import thing\n", [], True),
+]
+
+
+@pytest.mark.parametrize("case", IMPORT_CASES, ids=lambda c: c.name)
+def test_import_edges(case: ImportCase) -> None:
+    found = imports_of(case.module, case.source, "m.py", MODULES, is_package=case.is_package)
+    assert [e.target for e in found] == case.expected, case.why
+
+
+@dataclass(frozen=True)
+class CycleCase:
+    name: str
+    graph: dict[str, set[str]]
+    expected: list[list[str]]
+
+
+CYCLE_CASES = [
+    CycleCase("acyclic", {"a": {"b", "c"}, "b": {"c"}, "c": set()}, []),
+    CycleCase("two", {"a": {"b"}, "b": {"a"}, "c": {"a"}}, [["a", "b", "a"]]),
+    CycleCase("three", {"c": {"a"}, "a": {"b"}, "b": {"c"}}, [["a", "b", "c", "a"]]),
+    CycleCase(
+        "two_loops_in_one_knot",
+        {"a": {"b", "c"}, "b": {"a"}, "c": {"a"}},
+        [["a", "b", "a"], ["a", "c", "a"]],
+    ),
+    CycleCase(
+        "separate_knots",
+        {"a": {"b"}, "b": {"a"}, "x": {"y"}, "y": {"x", "a"}},
+        [["a", "b", "a"], ["x", "y", "x"]],
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CYCLE_CASES, ids=lambda c: c.name)
+def test_cycles(case: CycleCase) -> None:
+    assert cycles(case.graph) == case.expected
+
+
+def test_describe_cycles_names_the_imports() -> None:
+    graph = {"app.a": {"app.b"}, "app.b": {"app.a"}}
+    edges = [Edge("app.a", "app.b", "app/a.py:3"), Edge("app.b", "app.a", "app/b.py:9")]
+    assert describe_cycles(graph, edges) == (
+        "app.a -> app.b -> app.a\n    app.a -> app.b: app/a.py:3\n    app.b -> app.a: app/b.py:9"
+    )
