@@ -1,60 +1,339 @@
 """The tick record: what one tick saw and decided, typed, written by the core and read back by the
 store, `/metrics`, the HTML report and the replay outputs by attribute.
 
-Stored as JSON with a `version`. Rows written before the version existed (version 1, with no
-`version` field) parse too: every field has a default and unknown keys are kept, so an old row
-still renders and a reader never fails on a field it does not know.
+Stored as JSON with a `version`. Every field has a default and is read leniently, so a row of any
+version renders: version 1 rows (before the record was typed, no `version` field), a newer
+writer's unknown keys (kept as extras), and values that are not what they should be (a number
+that is text, an engine row that is not a mapping) read as unknown (None, or left out) instead of
+failing the page. The core's own sections are checked strictly by the tests instead: a field the
+core writes and this model does not declare shows up in `model_extra` (tests/unit/test_diagnostics.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from collections.abc import Mapping
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
-# 2: the record became a typed model (tick time as `at_s`; the load step's pending target as
-# `issued_s`). 1: the untyped dicts before it.
+# 2: typed (tick time as `at_s`, the load step's pending target as `issued_s`). 1: untyped dicts.
 DIAGNOSTICS_VERSION = 2
 
 
-class _Record(BaseModel):
+def _number(value: Any) -> int | float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _flag(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _counts(value: Any) -> dict[str, int] | None:
+    """A replica map {role: count}; anything else (or a non-integer count) is unknown."""
+    if not isinstance(value, Mapping):
+        return None
+    out = {str(k): v for k, v in value.items() if isinstance(v, int) and not isinstance(v, bool)}
+    return out if len(out) == len(value) else None
+
+
+def _mapping(value: Any) -> Any:
+    """A section that is not a mapping (nor already the model) is unknown."""
+    return value if isinstance(value, Mapping | BaseModel) else None
+
+
+Num = Annotated[int | float | None, BeforeValidator(_number)]
+Text = Annotated[str | None, BeforeValidator(_text)]
+Flag = Annotated[bool | None, BeforeValidator(_flag)]
+Counts = Annotated[dict[str, int] | None, BeforeValidator(_counts)]
+
+
+class Record(BaseModel):
     # Keep what this version does not know (an older or newer writer's fields), never fail on it.
     model_config = ConfigDict(extra="allow")
 
 
-class TickDiagnostics(_Record):
+def _section(model: type[Record]) -> Any:
+    return Annotated[model | None, BeforeValidator(_mapping)]
+
+
+def _sections(model: type[Record]) -> Any:
+    """{name: section}, the sections that are not mappings left out."""
+
+    def keep(value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            return None
+        return {str(k): v for k, v in value.items() if isinstance(v, Mapping | BaseModel)}
+
+    return Annotated[dict[str, model] | None, BeforeValidator(keep)]
+
+
+# --- throughput scaling --------------------------------------------------------------------------
+
+
+class ObservedTraffic(Record):
+    duration_s: Num = None
+    num_req: Num = None
+    isl: Num = None
+    osl: Num = None
+    ttft_ms: Num = None
+    itl_ms: Num = None
+    request_duration_s: Num = None
+
+
+class Correction(Record):
+    prefill: Num = None
+    decode: Num = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class Forecast(Record):
+    num_req: Num = None
+    isl: Num = None
+    osl: Num = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class Interpolated(Record):
+    prefill_thpt_per_gpu: Num = None
+    decode_thpt_per_gpu: Num = None
+    expected_ttft_ms: Num = None
+    expected_itl_ms: Num = None
+    decode_kv_usage: Num = None
+
+
+class ThroughputDiagnostics(Record):
+    reason: Text = None
+    detail: Text = None
+    observed: _section(ObservedTraffic) = None
+    observation_error: Text = None
+    correction: _section(Correction) = None
+    predicted: _section(Forecast) = None
+    interpolated: _section(Interpolated) = None
+    raw_replicas: Counts = None
+
+
+# --- load scaling --------------------------------------------------------------------------------
+
+
+class EngineRow(Record):
+    engine: str
+    heartbeat: Flag = None
+    queued_prefill_tokens: Num = None
+    scheduled_decode_kv_tokens: Num = None
+    queued_decode_kv_tokens: Num = None
+    estimated_ttft_ms: Num = None
+    estimated_itl_ms: Num = None
+    post_queued_prefill_tokens: Num = None
+    post_ttft_ms: Num = None
+    post_queue_ttft_ms: Num = None
+    post_own_ttft_ms: Num = None
+    post_queue_budget_ms: Num = None
+    post_kv_tokens: Num = None
+    post_itl_ms: Num = None
+
+
+class LoadChecks(Record):
+    consolidation_factor: Num = None
+    max_kv_tokens: Num = None
+    own_ttft_ms: Num = None
+    queue_budget_ms: Num = None
+    ttft_wants: Num = None
+    itl_wants: Num = None
+
+
+class LoadRole(Record):
+    reason: Text = None
+    detail: Text = None
+    current: Num = None
+    load_wants: Num = None
+    throughput_floor: Num = None
+    final: Num = None
+    engines: list[EngineRow] = Field(default_factory=list)
+    checks: _section(LoadChecks) = None
+
+    @field_validator("engines", mode="before")
+    @classmethod
+    def _named_rows(cls, rows: Any) -> list[Any]:
+        """Rows an engine could not have sent (not a mapping, no name) are left out."""
+        if not isinstance(rows, list):
+            return []
+        return [r for r in rows if isinstance(r, Mapping) and isinstance(r.get("engine"), str)]
+
+
+class LoadTargets(Record):
+    ttft_ms: Num = None
+    itl_ms: Num = None
+    sensitivity: Num = None
+
+
+class RegressionState(Record):
+    observations: Num = None
+    min_observations: Num = None
+    max_samples: Num = None
+    ready: Flag = None
+    not_ready_reason: Text = None
+    # Keyed by the model's features (`<feature>_s`): a mapping, not fields.
+    coefficients: dict[str, Any] | None = None
+    averages: dict[str, Any] | None = None
+    axis_bounds: dict[str, Any] | None = None
+    buckets_in_use: Num = None
+    heartbeats_ignored: Num = None
+    invalid_ignored: Num = None
+
+
+class PendingRole(Record):
+    target: Num = None
+    ready: Num = None
+
+
+class LoadPending(Record):
+    state: Text = None
+    target: Counts = None
+    issued_s: Num = None
+    age_s: Num = None
+    expiry_s: Num = None
+    roles: _sections(PendingRole) = None
+
+
+class LoadDiagnostics(Record):
+    reason: Text = None
+    detail: Text = None
+    mode: Text = None
+    current: Counts = None
+    targets: _section(LoadTargets) = None
+    throughput_floor: Counts = None
+    kv_hit_rate: Num = None
+    estimated_ttft_ms: Num = None
+    estimated_itl_ms: Num = None
+    models: _sections(RegressionState) = None
+    pending: _section(LoadPending) = None
+    roles: _sections(LoadRole) = None
+    final: Counts = None
+
+
+# --- SLA scaling ---------------------------------------------------------------------------------
+
+
+class SlaDemand(Record):
+    request_rate_s: Num = None
+    token_rate_s: Num = None
+    in_flight_mean: Num = None
+    in_flight: Num = None
+    dispersion: Num = None
+    growth: list[float] | None = None  # (prompt tokens, decode requests)
+    growth_learned: Flag = None
+    growth_neighbours: list[float] | None = None
+    growth_regression: list[float] | None = None
+    growth_regression_ceiling: list[float] | None = None
+    ramp_per_s: list[float] | None = None
+    isl_mean: Num = None
+    isl_quantile: Num = None
+    osl_mean: Num = None
+
+
+class SlaRole(Record):
+    reason: Text = None
+    hold: Text = None
+    needed: Num = None
+    wish: Num = None
+    # prefill
+    utilisation: Num = None
+    wait_s: Num = None
+    service_s: Num = None
+    capacity_tokens_s: Num = None
+    queued_tokens: Num = None
+    backlog_tokens_s: Num = None
+    meets_target: Flag = None
+    # decode
+    batch_limit: Num = None
+    in_flight_at_target: Num = None
+    held_now: Num = None
+
+
+class SlaDiagnostics(Record):
+    reason: Text = None
+    detail: Text = None
+    scale: dict[str, float] | None = None
+    scale_samples: dict[str, int] | None = None
+    lead_s: Num = None
+    lead_measured: Flag = None
+    demand: _section(SlaDemand) = None
+    roles: _sections(SlaRole) = None
+    scale_down_window_s: Num = None
+
+
+# --- the tick ------------------------------------------------------------------------------------
+
+
+class StageRecord(Record):
+    stage: Text = None
+    replicas: Counts = None
+    reason: Text = None
+
+
+class TickDiagnostics(Record):
     version: int = 1
-    at: str | None = None  # ISO time, set by the service (its clock); the core speaks seconds
-    at_s: float | None = None
-    deployment: str | None = None
+    at: Text = None  # ISO time, set by the shell (the service's clock); the core speaks seconds
+    at_s: Num = None
+    deployment: Text = None
     latest_decision_id: int | None = None
-    latest_decision_status: str | None = None
+    latest_decision_status: Text = None
     overrides: dict[str, int | None] | None = None
     bounds: dict[str, dict[str, int]] | None = None
-    stages: list[dict[str, Any]] | None = None
-    target: dict[str, int] | None = None
-    throughput: dict[str, Any] | None = None
-    load: dict[str, Any] | None = None
-    sla: dict[str, Any] | None = None
+    stages: list[StageRecord] = Field(default_factory=list)
+    target: Counts = None
+    throughput: _section(ThroughputDiagnostics) = None
+    load: _section(LoadDiagnostics) = None
+    sla: _section(SlaDiagnostics) = None
     # Written by the shells around the tick: the FPM subscribers' counters or the embedder's
     # summary, what SLA scaling observed, the protocol's verdict and the decision it stored.
     fpm: dict[str, Any] | None = None
     traffic: dict[str, Any] | None = None
     expired_decision_id: int | None = None
-    verdict: str | None = None
+    verdict: Text = None
     decision_id: int | None = None
 
+    @field_validator("stages", mode="before")
+    @classmethod
+    def _stage_rows(cls, rows: Any) -> list[Any]:
+        return [r for r in rows if isinstance(r, Mapping | BaseModel)] if isinstance(rows, list) else []
+
+    @field_validator("latest_decision_id", "expired_decision_id", "decision_id", mode="before")
+    @classmethod
+    def _decision_id(cls, value: Any) -> int | None:
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
     def as_json(self) -> dict[str, Any]:
-        """The stored form: JSON-ready, the fields this version writes (None included, so that a
-        section that did not run reads as null, as before)."""
-        return self.model_dump(mode="json")
+        """The stored form, JSON-ready. Every top-level field is written (a section that did not
+        run reads as null); within a section, only what the step wrote."""
+        record = self.model_dump(mode="json", exclude={"throughput", "load", "sla", "stages"})
+        record["stages"] = [s.model_dump(mode="json") for s in self.stages]
+        for name in ("throughput", "load", "sla"):
+            section = getattr(self, name)
+            record[name] = None if section is None else section.model_dump(mode="json", exclude_unset=True)
+        return record
 
     @classmethod
-    def read(cls, record: dict[str, Any] | None) -> TickDiagnostics:
-        """A stored record, of any version, as the model; an unreadable one as an empty record."""
-        if not isinstance(record, dict):
+    def read(cls, record: Any) -> TickDiagnostics:
+        """A stored record of any version as the model; what cannot be read is unknown."""
+        if not isinstance(record, Mapping):
             return cls()
         try:
             return cls.model_validate(record)
-        except ValueError:
-            return cls.model_construct(**record)
+        except ValidationError:
+            # A top-level field of an unexpected type: keep the sections that do read.
+            fields = {}
+            for name, value in record.items():
+                try:
+                    cls.model_validate({name: value})
+                except ValidationError:
+                    continue
+                fields[name] = value
+            return cls.model_validate(fields)

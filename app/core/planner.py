@@ -31,7 +31,13 @@ from dataclasses import dataclass, field, replace
 
 from app.core.cadence import Cadence
 from app.core.chain import effective_bounds, normalise
-from app.core.diagnostics import DIAGNOSTICS_VERSION, TickDiagnostics
+from app.core.diagnostics import (
+    DIAGNOSTICS_VERSION,
+    LoadDiagnostics,
+    SlaDiagnostics,
+    ThroughputDiagnostics,
+    TickDiagnostics,
+)
 from app.core.perf.fpm import ForwardPassMetrics
 from app.core.perf.interpolation import PerfModel
 from app.core.seed.load import load_step
@@ -315,7 +321,7 @@ class Planner:
         ready: dict[Role, int],
         inventory_known: bool,
         in_force: bool,
-    ) -> tuple[Stage, dict]:
+    ) -> tuple[Stage, SlaDiagnostics]:
         settings = self.settings.sla
         assert settings is not None
         roles = self.settings.roles
@@ -341,12 +347,14 @@ class Planner:
             inventory_known=in_force or inventory_known,
         )
         outcome = sla_step(self.model, state, sla_input, settings)
-        diag = {"reason": str(outcome.reason), "detail": outcome.detail, **outcome.diagnostics}
+        diag = SlaDiagnostics.model_validate(
+            {"reason": str(outcome.reason), "detail": outcome.detail, **outcome.diagnostics}
+        )
         return Stage("proposal", outcome.replicas, f"sla {outcome.reason}: {outcome.detail}"), diag
 
     def _throughput(
         self, inp: TickInput, state: PlannerState, ready: dict[Role, int]
-    ) -> tuple[Stage, dict, Replicas | None]:
+    ) -> tuple[Stage, ThroughputDiagnostics, Replicas | None]:
         settings = self.settings.throughput
         assert settings is not None
         obs = inp.traffic
@@ -375,13 +383,15 @@ class Planner:
         if load_on and reason == ThroughputReason.SCALE:
             # With load scaling on, throughput only sets the floor the load decisions stay above.
             reason, floor = ThroughputReason.SET_LOWER_BOUND, step.replicas
-        diag = {"reason": str(reason), "detail": step.detail, **step.diagnostics}
+        diag = ThroughputDiagnostics.model_validate(
+            {"reason": str(reason), "detail": step.detail, **step.diagnostics}
+        )
         replicas = None if load_on else step.replicas
         return Stage("proposal", replicas, f"throughput {reason}: {step.detail}"), diag, floor
 
     def _load(
         self, inp: TickInput, state: PlannerState, ready: dict[Role, int], in_force: bool
-    ) -> tuple[Stage, dict]:
+    ) -> tuple[Stage, LoadDiagnostics]:
         settings = self.settings.load
         assert settings is not None and state.load_models is not None
         fresh = {role: list(records) for role, records in inp.fpm_new.items() if records}

@@ -30,7 +30,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.core.seed.load import LoadReason
+from app.core.diagnostics import Forecast, ObservedTraffic, TickDiagnostics
+from app.core.seed.load_types import LoadReason
 
 # A series breaks where consecutive points are this many times further apart than its usual
 # spacing: a planner that was down must not draw a straight line across the outage.
@@ -130,15 +131,6 @@ _LOAD_KEYS = ("estimated_ttft_ms", "estimated_itl_ms")
 # --- reading records ---------------------------------------------------------------------------------
 
 
-def _get(value: Any, *keys: str) -> Any:
-    """value[k1][k2]...; None where a level is missing or not a mapping (records are stored JSON)."""
-    for key in keys:
-        if not isinstance(value, Mapping):
-            return None
-        value = value.get(key)
-    return value
-
-
 def _num(value: Any) -> float | None:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
@@ -148,10 +140,6 @@ def _num(value: Any) -> float | None:
 def _ratio(num: Any, den: Any) -> float | None:
     n, d = _num(num), _num(den)
     return n / d if n is not None and d else None
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
 
 
 def _replicas(value: Any) -> dict[str, float]:
@@ -206,75 +194,64 @@ def _hover(t_ms: float, lines: Iterable[str], detail: str) -> str:
     return "<br>".join(out)
 
 
-def _read(at: datetime, record: Any) -> _Tick:
+def _read(at: datetime, stored: Any) -> _Tick:
     tick = _Tick(_epoch_ms(at))
-    tick.target = _replicas(_get(record, "target"))
-    decision_id = _get(record, "decision_id")
-    tick.decision_id = (
-        decision_id if isinstance(decision_id, int) and not isinstance(decision_id, bool) else None
-    )
+    record = TickDiagnostics.read(stored)
+    tick.target = _replicas(record.target)
+    tick.decision_id = record.decision_id
 
-    throughput = _get(record, "throughput")
-    if isinstance(throughput, Mapping):
-        observed, predicted = _get(throughput, "observed"), _get(throughput, "predicted")
-        duration_s = _get(observed, "duration_s")
+    throughput = record.throughput
+    if throughput is not None:
+        observed, predicted = throughput.observed or ObservedTraffic(), throughput.predicted or Forecast()
         values = {
-            "observed_rps": _ratio(_get(observed, "num_req"), duration_s),
+            "observed_rps": _ratio(observed.num_req, observed.duration_s),
             # The forecast is for an interval as long as the observed one (the throughput interval).
-            "predicted_rps": _ratio(_get(predicted, "num_req"), duration_s),
-            "observed_ttft_ms": _num(_get(observed, "ttft_ms")),
-            "observed_itl_ms": _num(_get(observed, "itl_ms")),
-            "observed_isl": _num(_get(observed, "isl")),
-            "observed_osl": _num(_get(observed, "osl")),
-            "predicted_isl": _num(_get(predicted, "isl")),
-            "predicted_osl": _num(_get(predicted, "osl")),
+            "predicted_rps": _ratio(predicted.num_req, observed.duration_s),
+            "observed_ttft_ms": _num(observed.ttft_ms),
+            "observed_itl_ms": _num(observed.itl_ms),
+            "observed_isl": _num(observed.isl),
+            "observed_osl": _num(observed.osl),
+            "predicted_isl": _num(predicted.isl),
+            "predicted_osl": _num(predicted.osl),
         }
         tick.values.update(values)
-        tick.throughput_reason = _text(throughput.get("reason")) or "unknown"
-        tick.throughput_detail = _text(throughput.get("detail"))
+        tick.throughput_reason = throughput.reason or "unknown"
+        tick.throughput_detail = throughput.detail or ""
         if tick.throughput_reason == "set_lower_bound":
-            tick.floor = _replicas(throughput.get("raw_replicas"))
+            tick.floor = _replicas(throughput.raw_replicas)
 
-    load = _get(record, "load")
-    if isinstance(load, Mapping):
-        tick.values["estimated_ttft_ms"] = _num(load.get("estimated_ttft_ms"))
-        tick.values["estimated_itl_ms"] = _num(load.get("estimated_itl_ms"))
-        tick.ready = _replicas(load.get("current"))
-        tick.floor = _replicas(load.get("throughput_floor")) or tick.floor
-        tick.load_reason = _text(load.get("reason")) or "unknown"
-        roles = load.get("roles")
+    load = record.load
+    if load is not None:
+        tick.values["estimated_ttft_ms"] = _num(load.estimated_ttft_ms)
+        tick.values["estimated_itl_ms"] = _num(load.estimated_itl_ms)
+        tick.ready = _replicas(load.current)
+        tick.floor = _replicas(load.throughput_floor) or tick.floor
+        tick.load_reason = load.reason or "unknown"
         per_role = []
         engine_roles = []
-        for role, section in roles.items() if isinstance(roles, Mapping) else ():
-            per_role.append(f"{role}: {_text(_get(section, 'reason'))}")
-            rows = _get(section, "engines")
-            if not isinstance(rows, list) or not rows:
+        for role, section in (load.roles or {}).items():
+            per_role.append(f"{role}: {section.reason or ''}")
+            if not section.engines:
                 continue
-            engine_roles.append(str(role))
-            for row in rows:
-                name = _get(row, "engine")
-                if not isinstance(name, str):
-                    continue
-                queued_kv, inflight_kv = (
-                    _num(_get(row, "queued_decode_kv_tokens")),
-                    _num(_get(row, "scheduled_decode_kv_tokens")),
-                )
+            engine_roles.append(role)
+            for row in section.engines:
+                queued_kv = _num(row.queued_decode_kv_tokens)
+                inflight_kv = _num(row.scheduled_decode_kv_tokens)
                 kv = (
                     None
                     if queued_kv is None and inflight_kv is None
                     else (queued_kv or 0) + (inflight_kv or 0)
                 )
-                tick.engines.append(_Engine(str(role), name, _num(_get(row, "queued_prefill_tokens")), kv))
-            max_kv = _num(_get(section, "checks", "max_kv_tokens"))
+                tick.engines.append(_Engine(role, row.engine, _num(row.queued_prefill_tokens), kv))
+            max_kv = _num(section.checks.max_kv_tokens) if section.checks is not None else None
             if max_kv is not None:
-                tick.max_kv_tokens[str(role)] = max_kv
+                tick.max_kv_tokens[role] = max_kv
         tick.engine_roles = tuple(engine_roles)
-        models = load.get("models")
-        for model, diag in models.items() if isinstance(models, Mapping) else ():
-            if (n := _num(_get(diag, "observations"))) is not None:
-                tick.samples[str(model)] = n
-            if (n := _num(_get(diag, "min_observations"))) is not None:
-                tick.min_samples[str(model)] = n
+        for model, diag in (load.models or {}).items():
+            if (n := _num(diag.observations)) is not None:
+                tick.samples[model] = n
+            if (n := _num(diag.min_observations)) is not None:
+                tick.min_samples[model] = n
         estimates = ", ".join(
             f"{name} {value:.1f} ms"
             for name, value in (
@@ -285,7 +262,7 @@ def _read(at: datetime, record: Any) -> _Tick:
         )
         lines = [f"load: {tick.load_reason}"] + ([", ".join(per_role)] if len(per_role) > 1 else [])
         tick.load_lines = tuple(lines + ([estimates] if estimates else []))
-        tick.load_detail = _text(load.get("detail"))
+        tick.load_detail = load.detail or ""
     return tick
 
 

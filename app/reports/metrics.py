@@ -10,7 +10,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge
 
-from app.core.seed.load import LoadReason
+from app.core.diagnostics import LoadDiagnostics, SlaDiagnostics, ThroughputDiagnostics
+from app.core.seed.load_types import LoadReason
 from app.core.seed.throughput import ThroughputReason
 
 log = logging.getLogger(__name__)
@@ -72,10 +73,8 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _engine_labels(engine: Any) -> tuple[str, str] | None:
+def _engine_labels(engine: str) -> tuple[str, str]:
     """(worker_id, dp_rank) of a load record's engine id "<worker_id>:dp<rank>"."""
-    if not isinstance(engine, str):
-        return None
     worker, sep, rank = engine.rpartition(":dp")
     return (worker, rank) if sep and worker else (engine, "")
 
@@ -242,33 +241,40 @@ class PlannerMetrics:
             )
         return self.notify_connected
 
-    def observe_throughput(self, deployment: str, record: dict[str, Any] | None) -> None:
+    def observe_throughput(
+        self, deployment: str, record: ThroughputDiagnostics | Mapping[str, Any] | None
+    ) -> None:
         """Export one throughput step's record; a value the step did not have is left out."""
         if not record:
             return
-        reason = record.get("reason")
-        if reason in THROUGHPUT_STATES:
-            self.throughput_decision.labels(deployment).state(reason)
+        step = ThroughputDiagnostics.model_validate(record)
+        if step.reason in THROUGHPUT_STATES:
+            self.throughput_decision.labels(deployment).state(step.reason)
         else:  # a new reason must not fail the tick that was already stored
-            log.warning("[%s] throughput reason %r is not an exported state", deployment, reason)
+            log.warning("[%s] throughput reason %r is not an exported state", deployment, step.reason)
         for (section, key), metric in self.throughput_gauges.items():
-            value = (record.get(section) or {}).get(key)
-            if isinstance(value, int | float):
+            value = _number(getattr(getattr(step, section), key, None))
+            if value is not None:
                 metric.labels(deployment).set(value)
-        observed, predicted = record.get("observed") or {}, record.get("predicted") or {}
-        if observed.get("num_req") is not None and observed.get("duration_s"):
-            self.observed_rps.labels(deployment).set(observed["num_req"] / observed["duration_s"])
-        if predicted.get("num_req") is not None and observed.get("duration_s"):
-            self.predicted_rps.labels(deployment).set(predicted["num_req"] / observed["duration_s"])
+        observed, predicted = step.observed, step.predicted
+        duration_s = observed.duration_s if observed is not None else None
+        if observed is not None and observed.num_req is not None and duration_s:
+            self.observed_rps.labels(deployment).set(observed.num_req / duration_s)
+        if predicted is not None and predicted.num_req is not None and duration_s:
+            self.predicted_rps.labels(deployment).set(predicted.num_req / duration_s)
 
     def observe_load(
-        self, deployment: str, load: Mapping[str, Any] | None, *, load_enabled: bool = True
+        self,
+        deployment: str,
+        load: LoadDiagnostics | Mapping[str, Any] | None,
+        *,
+        load_enabled: bool = True,
     ) -> None:
-        """Export one tick's load record (`record["load"]`, app.core.seed.load's diagnostics).
+        """Export one tick's load record (the tick record's `load`, app/core/seed/load.py's step).
 
         None is a tick without a load step: with `load_enabled` (load scaling on, this was not a
         load tick) the last step's values stay; without it the decision reads `disabled` and the
-        load gauges of the deployment go away. Missing keys leave their gauges out."""
+        load gauges of the deployment go away. Missing values leave their gauges out."""
         with self._load_lock:
             if load is None:
                 if load_enabled:
@@ -277,15 +283,15 @@ class PlannerMetrics:
                 self._replace_load_children(deployment, [])
                 self.load_decision.labels(deployment).state(LoadReason.DISABLED.value)
                 return
-            reason = load.get("reason")
-            if reason in LOAD_STATES:
-                self.load_decision.labels(deployment).state(reason)
+            step = LoadDiagnostics.model_validate(load)
+            if step.reason in LOAD_STATES:
+                self.load_decision.labels(deployment).state(step.reason)
             else:
-                log.warning("[%s] load reason %r is not an exported state", deployment, reason)
-            self._replace_load_children(deployment, self._load_values(deployment, load))
+                log.warning("[%s] load reason %r is not an exported state", deployment, step.reason)
+            self._replace_load_children(deployment, self._load_values(deployment, step))
 
     def _load_values(
-        self, deployment: str, load: Mapping[str, Any]
+        self, deployment: str, load: LoadDiagnostics
     ) -> list[tuple[Gauge, tuple[str, ...], float]]:
         """Every labelled value a load record sets, as (gauge, labels, value)."""
         values: list[tuple[Gauge, tuple[str, ...], float]] = []
@@ -295,32 +301,24 @@ class PlannerMetrics:
             if number is not None:
                 values.append((gauge, labels, number))
 
-        put(self.estimated_ttft_ms, (deployment,), load.get("estimated_ttft_ms"))
-        put(self.estimated_itl_ms, (deployment,), load.get("estimated_itl_ms"))
-        targets = load.get("targets")
-        if isinstance(targets, Mapping):
+        put(self.estimated_ttft_ms, (deployment,), load.estimated_ttft_ms)
+        put(self.estimated_itl_ms, (deployment,), load.estimated_itl_ms)
+        if load.targets is not None:
             for key, gauge in self.sla_target.items():
-                put(gauge, (deployment,), targets.get(key))
-        roles = load.get("roles")
-        for role, section in roles.items() if isinstance(roles, Mapping) else ():
-            engines = section.get("engines") if isinstance(section, Mapping) else None
-            for row in engines if isinstance(engines, list) else ():
-                if not isinstance(row, Mapping) or (labels := _engine_labels(row.get("engine"))) is None:
-                    continue
+                put(gauge, (deployment,), getattr(load.targets, key))
+        for role, section in (load.roles or {}).items():
+            for row in section.engines:
+                worker, rank = _engine_labels(row.engine)
                 for field, gauge in self.engine_gauges.items():
-                    put(gauge, (deployment, str(role), *labels), row.get(field))
-        models = load.get("models")
-        for model, diag in models.items() if isinstance(models, Mapping) else ():
-            if not isinstance(diag, Mapping):
-                continue
-            put(self.regression_samples, (deployment, str(model)), diag.get("observations"))
-            if isinstance(diag.get("ready"), bool):
-                put(self.regression_ready, (deployment, str(model)), int(diag["ready"]))
-            coefficients = diag.get("coefficients")
-            for key, value in coefficients.items() if isinstance(coefficients, Mapping) else ():
+                    put(gauge, (deployment, role, worker, rank), getattr(row, field, None))
+        for model, diag in (load.models or {}).items():
+            put(self.regression_samples, (deployment, model), diag.observations)
+            if diag.ready is not None:
+                put(self.regression_ready, (deployment, model), int(diag.ready))
+            for key, value in (diag.coefficients or {}).items():
                 # "intercept_s", "<feature>_s"; "clipped" and "rank" describe the fit, not a term.
                 if isinstance(key, str) and key.endswith("_s"):
-                    put(self.regression_coefficient, (deployment, str(model), key[:-2]), value)
+                    put(self.regression_coefficient, (deployment, model, key[:-2]), value)
         return values
 
     def _replace_load_children(
@@ -334,14 +332,14 @@ class PlannerMetrics:
             gauge.labels(*labels).set(value)
         self._load_children[deployment] = [(gauge, labels) for gauge, labels, _ in values]
 
-    def observe_sla(self, deployment: str, sla: Mapping[str, Any] | None) -> None:
-        """Export one SLA step's wishes (`record["sla"]["roles"][role]["wish"]`). A step without
+    def observe_sla(self, deployment: str, sla: SlaDiagnostics | Mapping[str, Any] | None) -> None:
+        """Export one SLA step's wishes (the tick record's `sla.roles[role].wish`). A step without
         a wish (no traffic data, no model) leaves the last one: unknown is not zero."""
-        roles = (sla or {}).get("roles")
-        for role, section in roles.items() if isinstance(roles, Mapping) else ():
-            wish = _number(section.get("wish")) if isinstance(section, Mapping) else None
-            if wish is not None:
-                self.sla_wish.labels(deployment, str(role)).set(wish)
+        if not sla:
+            return
+        for role, section in (SlaDiagnostics.model_validate(sla).roles or {}).items():
+            if (wish := _number(section.wish)) is not None:
+                self.sla_wish.labels(deployment, role).set(wish)
 
     def observe_decision(self, deployment: str, replicas: dict[str, int], status: str) -> None:
         for role, count in replicas.items():

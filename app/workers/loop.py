@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.config import DeploymentConfig
 from app.connectors.base import Connector
 from app.connectors.virtual import DecisionHub
+from app.core.diagnostics import TickDiagnostics
 from app.core.errors import ConnectorError, ConnectorNotReadyError, SourceUnavailableError
 from app.core.perf.fpm import ForwardPassMetrics
 from app.core.planner import Planner, TickInput
@@ -107,7 +108,9 @@ class DeploymentWorker:
         fpm: dict[Role, FpmSubscriber] | None = None,
     ) -> None:
         self.config = config
-        self.planner = planner or Planner(planner_settings(config, None), model=None)
+        self.planner = planner or Planner(
+            planner_settings(config, None), model=None, model_error="no profile configured"
+        )
         self.source = source
         self.connector = connector
         # One ForwardPassMetrics subscriber per role, started with the worker.
@@ -427,14 +430,13 @@ class DeploymentWorker:
         return self._task is not None and not self._task.done()
 
 
-def _notes(record: Any) -> str:
+def _notes(record: TickDiagnostics) -> str:
     """The log line's account of the step that proposed."""
-    if record.sla:
-        return f"sla {record.sla['reason']}: {record.sla['detail']}"
-    throughput = record.throughput
-    load = record.load
+    if record.sla is not None:
+        return f"sla {record.sla.reason}: {record.sla.detail}"
+    throughput, load = record.throughput, record.load
     throughput_note = (
-        f"throughput {throughput['reason']}: {throughput['detail']}" if throughput else "throughput off"
+        f"throughput {throughput.reason}: {throughput.detail}" if throughput else "throughput off"
     )
-    load_note = f"load {load['reason']}: {load['detail']}" if load else "load off"
+    load_note = f"load {load.reason}: {load.detail}" if load else "load off"
     return f"{throughput_note}; {load_note}"

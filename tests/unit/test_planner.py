@@ -116,7 +116,7 @@ def test_the_sla_path_learns_what_the_retry_test_relies_on() -> None:
     state = planner.state.sla
     assert state.scale["prefill"] != 1.0 and state.scale["decode"] != 1.0
     assert len(state.history) == 30 - int(60 / TICK_S)  # a full trend window before the first
-    assert effects[-1].diagnostics.sla["demand"]["request_rate_s"] > 100
+    assert effects[-1].diagnostics.sla.demand.request_rate_s > 100
 
 
 def test_the_seed_path_trains_once_per_committed_tick() -> None:

@@ -84,7 +84,7 @@ def test_a_load_tick_decides_by_load(model) -> None:
     )
     assert effects.target == {"prefill": 3, "decode": 2}
     assert effects.source == DecisionSource.LOAD
-    assert effects.diagnostics.load["reason"] == "scale_up"
+    assert effects.diagnostics.load.reason == "scale_up"
     assert effects.diagnostics.throughput is None
 
 
@@ -96,9 +96,9 @@ def test_with_both_modes_throughput_sets_the_floor_and_load_decides_above_it(mod
     planner = _planner(model, throughput=True, load=True, ttft_ms=1000)
     effects = planner.on_tick(_input(prefill_tick(2, 0), decode_tick(2, 1500), num_req=6000))
     floor = {"prefill": expected.num_prefill, "decode": expected.num_decode}
-    assert effects.diagnostics.throughput["reason"] == "set_lower_bound"
+    assert effects.diagnostics.throughput.reason == "set_lower_bound"
     assert effects.state.floor == floor
-    assert effects.diagnostics.load["throughput_floor"] == floor
+    assert effects.diagnostics.load.throughput_floor == floor
     assert effects.target["prefill"] == expected.num_prefill
     assert effects.source == DecisionSource.LOAD
 
@@ -108,8 +108,8 @@ def test_a_throughput_tick_without_load_data_sets_the_floor_and_load_decides_not
     effects = planner.on_tick(_input(num_req=6000))
     assert effects.target is None
     assert effects.state.floor is not None
-    assert effects.diagnostics.throughput["reason"] == "set_lower_bound"
-    assert effects.diagnostics.load["reason"] == "no_fpm_data"
+    assert effects.diagnostics.throughput.reason == "set_lower_bound"
+    assert effects.diagnostics.load.reason == "no_fpm_data"
 
 
 def test_throughput_alone_still_decides(model) -> None:
@@ -117,7 +117,7 @@ def test_throughput_alone_still_decides(model) -> None:
     assert effects.source == DecisionSource.THROUGHPUT
     assert effects.target is not None
     assert effects.state.floor is None
-    assert effects.diagnostics.throughput["reason"] == "scale"
+    assert effects.diagnostics.throughput.reason == "scale"
 
 
 def test_the_floor_stays_for_the_load_ticks_in_between(model) -> None:
@@ -133,4 +133,4 @@ def test_the_floor_stays_for_the_load_ticks_in_between(model) -> None:
     )
     effects = planner.on_tick(later)
     assert effects.diagnostics.throughput is None
-    assert effects.diagnostics.load["throughput_floor"] == first.state.floor
+    assert effects.diagnostics.load.throughput_floor == first.state.floor
