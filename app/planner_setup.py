@@ -148,4 +148,5 @@ def build_planner(deployment: DeploymentConfig, *, base_dir: Path, start_s: floa
         predictor=predictor,
         load_models=load_models,
         start_s=start_s,
+        fingerprint=deployment.model_dump_json(),
     )

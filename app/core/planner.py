@@ -159,10 +159,13 @@ class Planner:
         predictor: TrafficPredictor | None = None,
         load_models: LoadModels | None = None,
         start_s: float | None = None,
+        fingerprint: str = "",
     ) -> None:
         """`start_s`: the seed's modes first run one interval after it; None (the service): both
-        run at the first tick, whenever it comes."""
+        run at the first tick, whenever it comes. `fingerprint` names the configuration the
+        planner was built from: a saved state is only restored under the same one."""
         self.settings = settings
+        self.fingerprint = fingerprint
         self.model = model
         self.model_error = None if model is not None else model_error or "no profile"
         cadence = None
@@ -414,22 +417,27 @@ class Planner:
 
     # --- learned state across restarts -----------------------------------------------------------
 
-    def export_state(self) -> bytes:
-        """The committed learned state as bytes (pickle: the predictors' fitted models are
-        arbitrary objects). Only restore what this planner's own store wrote."""
-        return pickle.dumps((STATE_VERSION, self.settings.deployment, self._state))
+    def export_state(self, effects: Effects | None = None) -> bytes:
+        """The learned state as bytes: the committed one, or the one `effects` would commit (so a
+        shell can store it with the tick it belongs to). Pickle, because the predictors' fitted
+        models are arbitrary objects: restore only what this planner's own store wrote."""
+        state = effects.state if effects is not None else self._state
+        return pickle.dumps((STATE_VERSION, self.settings.deployment, self.fingerprint, state))
 
     def restore_state(self, blob: bytes) -> None:
-        """Resume from `export_state`'s bytes; ValueError for another version or deployment."""
+        """Resume from `export_state`'s bytes. ValueError, the planner unchanged, for bytes that
+        are not an export, another version, another deployment or other settings (a changed
+        deployments file starts learning afresh: a predictor of another kind, other windows)."""
         try:
-            version, deployment, state = pickle.loads(blob)  # noqa: S301 (our own store's bytes)
+            version, deployment, fingerprint, state = pickle.loads(blob)  # noqa: S301 (our store's bytes)
         except Exception as exc:
-            raise ValueError(f"not a planner state export: {exc}") from None
-        if version != STATE_VERSION or deployment != self.settings.deployment:
-            raise ValueError(
-                f"state of deployment {deployment!r} version {version}; "
-                f"this is {self.settings.deployment!r} version {STATE_VERSION}"
-            )
+            raise ValueError(f"not a planner state export ({type(exc).__name__})") from None
+        if deployment != self.settings.deployment:
+            raise ValueError(f"the state of deployment {deployment!r}, not {self.settings.deployment!r}")
+        if version != STATE_VERSION:
+            raise ValueError(f"state format {version}, this planner reads {STATE_VERSION}")
+        if fingerprint != self.fingerprint:
+            raise ValueError("saved under other settings (the deployments file changed)")
         if not isinstance(state, PlannerState):
             raise ValueError("not a planner state export")
         self._state = state

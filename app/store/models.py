@@ -5,7 +5,18 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -57,6 +68,17 @@ class DeploymentState(Base):
     write_seq: Mapped[int] = mapped_column(Integer, default=0)
     lease_holder: Mapped[str | None] = mapped_column(String(128))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class PlannerStateRow(Base):
+    """What a deployment's planner has learned (app/core/planner.py `export_state`), saved with
+    every tick it belongs to, so a restarted or a new leader resumes learning."""
+
+    __tablename__ = "planner_state"
+
+    deployment: Mapped[str] = mapped_column(String(63), primary_key=True)
+    saved_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    state: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class Tick(Base):

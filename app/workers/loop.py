@@ -31,7 +31,7 @@ from app.connectors.virtual import DecisionHub
 from app.core.diagnostics import TickDiagnostics
 from app.core.errors import ConnectorError, ConnectorNotReadyError, SourceUnavailableError
 from app.core.perf.fpm import ForwardPassMetrics
-from app.core.planner import Planner, TickInput
+from app.core.planner import Effects, Planner, TickInput
 from app.core.types import DecisionStatus, Role, TrafficObservation
 from app.planner_setup import planner_settings
 from app.reports.metrics import PlannerMetrics
@@ -39,8 +39,9 @@ from app.sources.fpm import FpmSubscriber
 from app.sources.fpm import as_json as fpm_as_json
 from app.sources.traffic import TrafficSource
 from app.store import decisions as decision_store
+from app.store import planner_state as state_store
 from app.store import ticks as tick_store
-from app.store.models import Decision
+from app.store.models import Decision, PlannerStateRow
 from app.store.overrides import active_overrides
 from app.workers.clock import Clock
 
@@ -133,6 +134,7 @@ class DeploymentWorker:
         self.last_tick_at: datetime | None = None
         self.last_error: str | None = None
         self.consecutive_failures = 0
+        self._export_warned = False
 
     @property
     def interval_s(self) -> float:
@@ -179,6 +181,10 @@ class DeploymentWorker:
                 }
             )
             tick = tick_store.add_tick(session, deployment=name, at=now, record=record.as_json())
+            saved = self._export(effects)
+            if saved is not None:
+                # With the tick it belongs to: a restart resumes from the last stored tick.
+                state_store.save_state(session, deployment=name, state=saved, at=now)
 
             decision = None
             if effects.target is not None and effects.source is not None:
@@ -369,13 +375,42 @@ class DeploymentWorker:
             await self._clock.sleep_until(self._clock.now() + timedelta(seconds=STARTUP_RETRY_S))
 
     def renew_lease(self, now: datetime) -> bool:
-        """Take or keep the right to tick this deployment; False while another process has it."""
+        """Take or keep the right to tick this deployment; False while another process has it.
+        Taking it (at start-up, or from a planner that stopped) resumes the learned state the
+        last leader saved."""
+        was_leader = self.is_leader
         with self._sf() as session, session.begin():
             self.is_leader = tick_store.acquire_lease(
                 session, deployment=self.config.name, holder=self._holder, now=now, ttl_s=LEASE_TTL_S
             )
+            if self.is_leader and not was_leader:
+                self._resume(state_store.load_state(session, deployment=self.config.name))
         self.lease_checked_at = now
         return self.is_leader
+
+    def _resume(self, saved: PlannerStateRow | None) -> None:
+        name = self.config.name
+        if saved is None:
+            log.info("[%s] no learned state saved: learning from scratch", name)
+            return
+        try:
+            self.planner.restore_state(saved.state)
+        except ValueError as exc:
+            log.warning("[%s] learned state of %s not resumed: %s", name, saved.saved_at.isoformat(), exc)
+            return
+        log.info("[%s] resumed the learned state saved at %s", name, saved.saved_at.isoformat())
+
+    def _export(self, effects: Effects) -> bytes | None:
+        """The state this tick would commit, or None (and one warning) where it cannot be saved:
+        a predictor whose fitted model does not pickle keeps learning, but not across restarts."""
+        try:
+            return self.planner.export_state(effects)
+        except Exception as exc:  # pickling arbitrary fitted models
+            if not self._export_warned:
+                kind = type(exc).__name__
+                log.warning("[%s] learned state not saved (%s: %s)", self.config.name, kind, exc)
+                self._export_warned = True
+            return None
 
     async def run(self) -> None:
         await self.wait_until_ready()

@@ -23,6 +23,7 @@ EXPECTED_TABLES = {
     "decisions",
     "deployment_state",
     "overrides",
+    "planner_state",
     "ticks",
 }
 
@@ -167,7 +168,7 @@ def test_db_upgrade_creates_the_schema(tmp_path: Path) -> None:
         assert set(inspect(engine).get_table_names()) == EXPECTED_TABLES
         with engine.connect() as conn:
             assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalars().all() == [
-                "0001_initial"
+                "0002_planner_state"
             ]
     finally:
         engine.dispose()

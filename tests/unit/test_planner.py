@@ -152,3 +152,11 @@ def test_restore_refuses_another_deployments_state_or_garbage() -> None:
         planner.restore_state(other.export_state())
     with pytest.raises(ValueError, match="not a planner state export"):
         planner.restore_state(b"not pickle")
+    retuned = build_planner(
+        DeploymentsFile.model_validate(
+            demo_config(profile=str(H200), scaling={"algorithm": "sla", "interval_s": 10.0})
+        ).deployments[0],
+        base_dir=Path("."),
+    )
+    with pytest.raises(ValueError, match="other settings"):
+        planner.restore_state(retuned.export_state())

@@ -3,7 +3,7 @@ once here with their descriptions; `app/config.py`'s `ScalingConfig` extends it)
 deployment adds (targets, bounds, engine capacities).
 
 pydantic, not a dataclass: the deployments file, the replay and any embedder validate the same
-fields with the same messages, and `planner` documents them from these descriptions.
+fields with the same messages, and the descriptions live next to the defaults they describe.
 """
 
 from __future__ import annotations
