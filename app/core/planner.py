@@ -399,7 +399,7 @@ class Planner:
         assert settings is not None and state.load_models is not None
         fresh = {role: list(records) for role, records in inp.fpm_new.items() if records}
         if fresh:
-            state.load_models = copy.deepcopy(state.load_models)
+            state.load_models = state.load_models.copy()
             state.load_models.observe_many(fresh)
         latest = inp.latest_decision
         load_input = LoadInput(

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from app.core.perf.fpm import ForwardPassMetrics
+from app.core.seed.averages import MovingAverage
 from app.core.seed.engine_capacity import best_agg_rps, best_decode_rps, best_prefill_rps
 from app.core.seed.load_models import bootstrap_fpms_from_profile
 from app.core.seed.regression import (
     AggRegression,
     DecodeRegression,
-    MovingAverage,
     PrefillRegression,
     clamp_kv_hit_rate,
 )

@@ -58,6 +58,13 @@ class LoadModels:
     def agg(self) -> AggRegression | None:
         return self.regressions.get("workers")  # type: ignore[return-value]
 
+    def copy(self) -> LoadModels:
+        """An independent copy for one tick to train."""
+        new = LoadModels.__new__(LoadModels)
+        new.mode = self.mode
+        new.regressions = {role: model.copy() for role, model in self.regressions.items()}
+        return new
+
     def observe_many(self, records: Mapping[Role, Iterable[ForwardPassMetrics]]) -> dict[Role, int]:
         """Train each role's model; returns how many records each used (heartbeats are not)."""
         unknown = set(records) - set(self.regressions)

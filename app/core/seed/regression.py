@@ -24,15 +24,17 @@ Times: wall times and the `estimate_*` results are in seconds, `find_best_*` res
 
 from __future__ import annotations
 
+import copy
 import math
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
 from app.core.perf.fpm import ForwardPassMetrics, ScheduledRequestMetrics
+from app.core.seed.averages import MovingAverage
 
 DEFAULT_MAX_SAMPLES = 64
 DEFAULT_MIN_OBSERVATIONS = 5
@@ -53,33 +55,15 @@ def clamp_kv_hit_rate(rate: float | None) -> float:
     return min(max(rate, 0.0), MAX_KV_HIT_RATE)
 
 
-class MovingAverage:
-    """Mean of the last `window` values; zeros before the first non-zero value are skipped, so an
-    idle start does not drag the averages towards zero."""
-
-    def __init__(self, window: int) -> None:
-        self._values: deque[float] = deque(maxlen=window)
-        self._seen_nonzero = False
-
-    def add(self, value: float) -> None:
-        if value == 0.0 and not self._seen_nonzero:
-            return
-        self._seen_nonzero = self._seen_nonzero or value != 0.0
-        self._values.append(float(value))
-
-    @property
-    def value(self) -> float:
-        return sum(self._values) / len(self._values) if self._values else 0.0
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-
 @dataclass(frozen=True)
 class Sample:
     seq: int  # arrival order; smaller is older
     x: tuple[float, ...]
     wall_time_s: float
+
+    def __deepcopy__(self, memo: dict) -> Sample:
+        # Immutable: a copied regression (the planner copies what a tick changes) shares it.
+        return self
 
 
 @dataclass(frozen=True)
@@ -88,6 +72,9 @@ class Fit:
     coef: tuple[float, ...]  # seconds per unit of each feature, after clipping
     clipped: tuple[str, ...]  # features whose negative coefficient was set to 0
     rank: int  # rank of the centred design; below the feature count = collinear samples
+
+    def __deepcopy__(self, memo: dict) -> Fit:
+        return self  # immutable, as Sample
 
 
 def _ols(x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray, int]:
@@ -128,6 +115,16 @@ class _Regression:
         self._fit: Fit | None = None
         self._fit_reason: str | None = None
         self._fitted = False  # the cached fit (or refusal) matches the samples
+
+    def copy(self) -> Self:
+        """An independent copy for one tick to train (the planner commits it once the tick is
+        stored). Samples and fits are immutable and shared; the containers are copied."""
+        new = copy.copy(self)
+        new._samples, new._lo, new._hi = list(self._samples), list(self._lo), list(self._hi)
+        for name, value in vars(self).items():
+            if isinstance(value, MovingAverage):
+                setattr(new, name, value.copy())
+        return new
 
     # --- observations ------------------------------------------------------------------------
 
