@@ -6,6 +6,7 @@ decision, a reason in the diagnostics and in /readyz, and the loop recovers when
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,11 @@ def prometheus_stack(tmp_path: Path) -> Iterator[tuple[FrontendExporter, Prometh
         wait_until(
             lambda: prometheus.values(f'{STARTED}{{model="{MODEL}"}}') == [0.0], "the idle exporter scraped"
         )
+        # increase() extrapolates from the last scrape to "now" at the samples' average rate, by up
+        # to (one 1 s scrape interval + the query's delay) / (the span of the series' samples). A
+        # series a few seconds old could read 40% high (seen: 426 of 300 on a busy CI machine); six
+        # seconds of idle samples keep it within the test's 25%.
+        time.sleep(6.0)
         yield exporter, prometheus
     finally:
         prometheus.stop()
