@@ -36,16 +36,20 @@ class Strict(BaseModel):
 
 
 class SlaTargets(Strict):
-    ttft_ms: float = Field(gt=0)
-    itl_ms: float = Field(gt=0)
+    ttft_ms: float = Field(gt=0, description="time to first token target (ms)")
+    itl_ms: float = Field(gt=0, description="inter-token latency target (ms)")
 
 
 class RoleConfig(Strict):
-    gpus_per_engine: int = Field(default=1, ge=1)
-    min_replicas: int = Field(default=1, ge=0)
-    max_replicas: int = Field(default=100, ge=1)
-    max_num_batched_tokens: int | None = Field(default=None, ge=1)
-    max_kv_tokens: int | None = Field(default=None, ge=1)
+    gpus_per_engine: int = Field(default=1, ge=1, description="GPUs one engine of the role uses")
+    min_replicas: int = Field(default=1, ge=0, description="fewest engines of the role")
+    max_replicas: int = Field(default=100, ge=1, description="most engines of the role")
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1, description="the engines' prefill chunk size (default 8192, vLLM's)"
+    )
+    max_kv_tokens: int | None = Field(
+        default=None, ge=1, description="KV cache capacity per engine (default: the profile's)"
+    )
 
     @model_validator(mode="after")
     def _min_not_above_max(self) -> RoleConfig:
@@ -56,31 +60,39 @@ class RoleConfig(Strict):
         return self
 
 
+_ACK_TIMEOUT = "an unacknowledged decision expires after this long (s)"
+
+
 class VirtualConnectorConfig(Strict):
-    type: Literal["virtual"]
-    ack_timeout_s: float = Field(default=1800.0, gt=0)
+    """Decisions in SQL, long-polled and acknowledged by an orchestrator."""
+
+    type: Literal["virtual"] = Field(description="virtual: an orchestrator applies the decisions")
+    ack_timeout_s: float = Field(default=1800.0, gt=0, description=_ACK_TIMEOUT)
 
 
 class NoneConnectorConfig(Strict):
     """Advisory (shadow) mode: decide, persist and export, actuate nothing."""
 
-    type: Literal["none"]
-    ack_timeout_s: float = Field(default=1800.0, gt=0)
+    type: Literal["none"] = Field(description="none: advisory, nothing is actuated")
+    ack_timeout_s: float = Field(default=1800.0, gt=0, description=_ACK_TIMEOUT)
 
 
 class KubernetesConnectorConfig(Strict):
     """Scale a Dynamo DynamoGraphDeployment (DGD); see docs/kubernetes.md."""
 
-    type: Literal["kubernetes"]
-    dgd_name: str = Field(min_length=1, max_length=253)
-    # Default: the namespace of the planner's service account, else "default".
-    namespace: str | None = None
-    # Default: in-cluster configuration, else the usual kubeconfig.
-    kubeconfig: str | None = None
-    # An explicit API server URL (and bearer token file), e.g. for a local stand-in or a proxy.
-    api_server: str | None = None
-    token_file: str | None = None
-    ack_timeout_s: float = Field(default=1800.0, gt=0)
+    type: Literal["kubernetes"] = Field(description="kubernetes: patch the DGD's replicas")
+    dgd_name: str = Field(min_length=1, max_length=253, description="the DynamoGraphDeployment's name")
+    namespace: str | None = Field(
+        default=None, description="default: the planner's service account's namespace, else default"
+    )
+    kubeconfig: str | None = Field(
+        default=None, description="default: in-cluster configuration, else the usual kubeconfig"
+    )
+    api_server: str | None = Field(
+        default=None, description="an explicit API server URL (a local stand-in, a proxy)"
+    )
+    token_file: str | None = Field(default=None, description="bearer token file for api_server")
+    ack_timeout_s: float = Field(default=1800.0, gt=0, description=_ACK_TIMEOUT)
 
 
 ConnectorConfig = Annotated[
@@ -89,26 +101,35 @@ ConnectorConfig = Annotated[
 
 
 class PredictorConfig(Strict):
-    type: Literal["constant", "arima", "kalman", "prophet"] = "constant"
-    params: dict[str, float | int | bool | str] = Field(default_factory=dict)
+    type: Literal["constant", "arima", "kalman", "prophet"] = Field(
+        default="constant", description="the load predictor of throughput scaling"
+    )
+    params: dict[str, float | int | bool | str] = Field(
+        default_factory=dict, description="the predictor's parameters (docs/configuration.md)"
+    )
 
 
 class ThroughputConfig(Strict):
-    enabled: bool = True
-    interval_s: float = Field(default=180.0, gt=0)
-    predictor: PredictorConfig = Field(default_factory=PredictorConfig)
-    correction: bool = True
-    warmup_trace: str | None = None
+    enabled: bool = Field(default=True, description="run throughput scaling (scaling.algorithm seed)")
+    interval_s: float = Field(default=180.0, gt=0, description="how often it observes and decides (s)")
+    predictor: PredictorConfig = Field(default_factory=PredictorConfig, description="the load predictor")
+    correction: bool = Field(default=True, description="correct the profile by observed TTFT and ITL")
+    warmup_trace: str | None = Field(default=None, description="a request trace the predictors start from")
 
 
 class LoadConfig(Strict):
-    enabled: bool = False
-    interval_s: float = Field(default=5.0, gt=0)
-    sensitivity: float = Field(default=0.8, gt=0, le=1)
-    min_observations: int = Field(default=5, ge=1)
-    window: int = Field(default=200, ge=1)
-    # An engine whose FPM publisher is silent this long leaves the load-scaling inventory.
-    engine_timeout_s: float = Field(default=30.0, gt=0)
+    enabled: bool = Field(default=False, description="run load scaling (scaling.algorithm seed)")
+    interval_s: float = Field(default=5.0, gt=0, description="how often the load step decides (s)")
+    sensitivity: float = Field(
+        default=0.8, gt=0, le=1, description="scale down only with this share of the target to spare"
+    )
+    min_observations: int = Field(default=5, ge=1, description="forward passes before a regression estimates")
+    window: int = Field(default=200, ge=1, description="forward passes each regression keeps")
+    engine_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="an engine whose FPM publisher is silent this long leaves the inventory",
+    )
 
 
 class ScalingConfig(SlaTuning):
@@ -125,33 +146,43 @@ class ScalingConfig(SlaTuning):
 
 
 class PrometheusSource(Strict):
-    url: str
-    labels: dict[str, str] = Field(default_factory=dict)
+    url: str = Field(description="the Prometheus server's URL")
+    labels: dict[str, str] = Field(default_factory=dict, description="label matchers for every query")
 
 
 class SourcesConfig(Strict):
-    prometheus: PrometheusSource | None = None
-    frontend_url: str | None = None
-    # ZMQ endpoints of the engines' ForwardPassMetrics publishers, per role
-    # ({prefill: [...], decode: [...]}); a plain list for a single-role mode (agg, prefill, decode).
-    fpm_endpoints: list[str] | dict[Role, list[str]] = Field(default_factory=list)
+    prometheus: PrometheusSource | None = Field(default=None, description="read traffic from Prometheus")
+    frontend_url: str | None = Field(default=None, description="else scrape the frontend's /metrics directly")
+    fpm_endpoints: list[str] | dict[Role, list[str]] = Field(
+        default_factory=list,
+        description="ZMQ endpoints of the engines' ForwardPassMetrics publishers, per role "
+        "({prefill: [...], decode: [...]}); a plain list for a single-role mode",
+    )
 
 
 class DeploymentConfig(Strict):
-    name: str = Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-    mode: Mode = "disagg"
-    connector: ConnectorConfig
-    sla: SlaTargets
-    profile: str | None = None
-    model_name: str | None = None
-    prefill: RoleConfig = Field(default_factory=RoleConfig)
-    decode: RoleConfig = Field(default_factory=RoleConfig)
-    workers: RoleConfig = Field(default_factory=RoleConfig)
-    gpu_budget: int | None = Field(default=None, ge=1)
-    throughput: ThroughputConfig = Field(default_factory=ThroughputConfig)
-    load: LoadConfig = Field(default_factory=LoadConfig)
-    scaling: ScalingConfig = Field(default_factory=ScalingConfig)
-    sources: SourcesConfig = Field(default_factory=SourcesConfig)
+    name: str = Field(
+        pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", description="the deployment's name (a DNS label)"
+    )
+    mode: Mode = Field(default="disagg", description="disagg (prefill + decode), agg, prefill or decode")
+    connector: ConnectorConfig = Field(description="how decisions reach the cluster")
+    sla: SlaTargets = Field(description="the latency targets")
+    profile: str | None = Field(
+        default=None, description="a profiling-results folder (relative to this file)"
+    )
+    model_name: str | None = Field(
+        default=None, description="the model the frontend's metrics are labelled with"
+    )
+    prefill: RoleConfig = Field(default_factory=RoleConfig, description="prefill engines")
+    decode: RoleConfig = Field(default_factory=RoleConfig, description="decode engines")
+    workers: RoleConfig = Field(default_factory=RoleConfig, description="aggregated engines (mode agg)")
+    gpu_budget: int | None = Field(default=None, ge=1, description="GPUs the deployment may use at most")
+    throughput: ThroughputConfig = Field(default_factory=ThroughputConfig, description="throughput scaling")
+    load: LoadConfig = Field(default_factory=LoadConfig, description="load scaling")
+    scaling: ScalingConfig = Field(default_factory=ScalingConfig, description="which algorithm decides")
+    sources: SourcesConfig = Field(
+        default_factory=SourcesConfig, description="where traffic and FPM come from"
+    )
 
     @model_validator(mode="after")
     def _fpm_endpoints_match_the_roles(self) -> DeploymentConfig:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,9 +12,9 @@ from typing import Any
 
 import pytest
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from app.config import ConfigError, Settings, load_deployments, load_settings
+from app.config import ConfigError, DeploymentConfig, Settings, load_deployments, load_settings
 from tests.support import REPO_ROOT, demo_config
 
 # --- the deployments file -------------------------------------------------------------------------
@@ -545,3 +546,25 @@ def test_time_scale(planner_env: pytest.MonkeyPatch, given: str, expected: float
 
 def test_time_scale_defaults_to_real_time(planner_env: pytest.MonkeyPatch) -> None:
     assert load_settings().time_scale == 1.0
+
+
+def _undescribed(model: type, path: str) -> list[str]:
+    """Every field of the deployments file, at any depth, that has no description."""
+    missing = []
+    for name, info in model.model_fields.items():
+        where = f"{path}.{name}"
+        if not info.description:
+            missing.append(where)
+        stack = [info.annotation]
+        while stack:
+            kind = stack.pop()
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                missing += _undescribed(kind, where)
+            else:
+                stack.extend(typing.get_args(kind))
+    return missing
+
+
+def test_every_field_of_the_deployments_file_is_described() -> None:
+    """The descriptions live in one place, beside the fields (pydantic `Field(description=...)`)."""
+    assert _undescribed(DeploymentConfig, "deployments[]") == []
