@@ -1,2 +1,2 @@
 """Adapters out: how a decision reaches the cluster (virtual: orchestrators long-poll SQL-backed
-decisions; none: advisory). The Kubernetes connector arrives with throughput scaling."""
+decisions; kubernetes: the DynamoGraphDeployment's replicas are patched; none: advisory)."""

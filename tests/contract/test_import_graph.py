@@ -5,7 +5,7 @@ level, inside a function, under `if TYPE_CHECKING:` (a cycle that only type chec
 a knot two modules can only be changed together). A lazy import is how a cycle is usually hidden,
 not how it is removed.
 
-Nodes are modules named as Python does (`app/core/tick.py` is `app.core.tick`, a package's
+Nodes are modules named as Python does (`app/core/planner.py` is `app.core.planner`, a package's
 `__init__.py` is the package). Edges:
 
 - `import app.x.y` goes to `app.x.y`;
@@ -45,7 +45,7 @@ class Edge:
 
 
 def module_name(path: Path, root: Path) -> str:
-    """`app/core/tick.py` -> `app.core.tick`, `app/core/__init__.py` -> `app.core`."""
+    """`app/core/planner.py` -> `app.core.planner`, `app/core/__init__.py` -> `app.core`."""
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()

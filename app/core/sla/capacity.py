@@ -1,6 +1,6 @@
 """How many engines a role needs for its latency target, from the profile and the load.
 
-The formulas of SLA scaling (`app/core/sla_scaling.py`), kept apart so that each can be checked
+The formulas of SLA scaling (`app/core/sla/step.py`), kept apart so that each can be checked
 on its own:
 
 - **Prefill**: an engine computes prompts in chunks of up to `max_num_batched_tokens`; saturated,

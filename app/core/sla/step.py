@@ -34,7 +34,8 @@ engine's latest forward pass (FPM) and the ready counts. Then, per role:
    headroom, not the window, covers the lead.
 
 Nothing here reads the clock: `now_s` comes with the input. State (the samples, wishes and
-measured scales) is an explicit object the caller keeps between ticks.
+measured scales, `SlaState`) is an explicit object: `sla_step` changes the one it is given, and the
+core planner (app/core/planner.py) gives it a copy, adopted once the tick is stored.
 """
 
 from __future__ import annotations
