@@ -20,7 +20,6 @@ from app.sources.traffic import TrafficSource, make_traffic_source
 log = logging.getLogger(__name__)
 
 
-
 def make_connector(deployment: DeploymentConfig) -> Connector | None:
     """The connector that actuates; None for virtual (the decision in SQL is the actuation) and
     none (advisory)."""
