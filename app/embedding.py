@@ -23,6 +23,7 @@ from typing import Any
 
 from app.config import DeploymentConfig
 from app.core.perf.fpm import ForwardPassMetrics
+from app.core.perf.interpolation import PerfModel
 from app.core.planner import Planner
 from app.core.planner import TickInput as CoreTickInput
 from app.core.protocol import Verdict, judge
@@ -76,7 +77,7 @@ class EmbeddedPlanner:
         return cls(deployment, build_planner(deployment, base_dir=base_dir, start_s=start_s), start_s=start_s)
 
     @property
-    def model(self):  # type: ignore[no-untyped-def]
+    def model(self) -> PerfModel | None:
         return self.planner.model
 
     def initial_tick_s(self) -> float:

@@ -21,15 +21,20 @@ def normalise(
     bounds: dict[Role, RoleBounds],
     budget_gpus: int | None,
     gpus_per_engine: dict[Role, int],
-) -> tuple[Stage, ...]:
-    """The proposal and every stage after it; the last stage's replicas are the target."""
+) -> tuple[tuple[Stage, ...], DecisionSource | None]:
+    """The proposal and every stage after it (the last stage's replicas are the target), and the
+    target's source: an operator pin's, else the proposal's; None without a target."""
     paused = apply_pause(proposal.replicas, source, overrides)
     pinned = apply_pin(paused.replicas, overrides)
     bounded = apply_bounds(pinned.replicas, bounds)
     budgeted = apply_gpu_budget(
         bounded.replicas, budget_gpus=budget_gpus, gpus_per_engine=gpus_per_engine, bounds=bounds
     )
-    return (proposal, paused, pinned, bounded, budgeted)
+    if budgeted.replicas is None:
+        source = None
+    elif overrides.pin is not None:
+        source = DecisionSource.OVERRIDE
+    return (proposal, paused, pinned, bounded, budgeted), source
 
 
 def effective_bounds(

@@ -21,7 +21,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 DIAGNOSTICS_VERSION = 2
 
 
-def _number(value: Any) -> int | float | None:
+def finite_number(value: Any) -> int | float | None:
+    """A number a record may hold: an int or a finite float, never a bool; anything else is
+    unknown (None). The readers of stored records use it for what is not a typed field."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return value if math.isfinite(value) else None
@@ -48,7 +50,7 @@ def _mapping(value: Any) -> Any:
     return value if isinstance(value, Mapping | BaseModel) else None
 
 
-Num = Annotated[int | float | None, BeforeValidator(_number)]
+Num = Annotated[int | float | None, BeforeValidator(finite_number)]
 Text = Annotated[str | None, BeforeValidator(_text)]
 Flag = Annotated[bool | None, BeforeValidator(_flag)]
 Counts = Annotated[dict[str, int] | None, BeforeValidator(_counts)]

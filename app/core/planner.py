@@ -262,7 +262,7 @@ class Planner:
                 proposal, load_diag = self._load(inp, state, ready, in_force)
                 source = DecisionSource.LOAD
         bounds = effective_bounds(settings.bounds, inp.overrides)
-        stages = normalise(
+        stages, source = normalise(
             proposal,
             source,
             overrides=inp.overrides,
@@ -271,8 +271,6 @@ class Planner:
             gpus_per_engine=settings.gpus_per_engine,
         )
         target = stages[-1].replicas
-        if inp.overrides.pin is not None:
-            source = DecisionSource.OVERRIDE
         latest = inp.latest_decision
         diagnostics = TickDiagnostics(
             version=DIAGNOSTICS_VERSION,
@@ -294,7 +292,7 @@ class Planner:
         )
         return Effects(
             target=target,
-            source=source if target is not None else None,
+            source=source,
             stages=stages,
             diagnostics=diagnostics,
             next_tick=self._scheduled(state, now_s),
@@ -450,14 +448,3 @@ class Planner:
 
 def _in_force(latest: DecisionView | None) -> bool:
     return latest is not None and latest.status in (DecisionStatus.PENDING, DecisionStatus.SUCCEEDED)
-
-
-__all__ = [
-    "Effects",
-    "Planner",
-    "PlannerSettings",
-    "PlannerState",
-    "ScheduledTick",
-    "TickInput",
-    "TickNeeds",
-]

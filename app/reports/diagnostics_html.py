@@ -30,7 +30,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.core.diagnostics import Forecast, ObservedTraffic, TickDiagnostics
+from app.core.diagnostics import Forecast, ObservedTraffic, TickDiagnostics, finite_number
 from app.core.seed.load_types import LoadReason
 
 # A series breaks where consecutive points are this many times further apart than its usual
@@ -131,21 +131,15 @@ _LOAD_KEYS = ("estimated_ttft_ms", "estimated_itl_ms")
 # --- reading records ---------------------------------------------------------------------------------
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
 def _ratio(num: Any, den: Any) -> float | None:
-    n, d = _num(num), _num(den)
+    n, d = finite_number(num), finite_number(den)
     return n / d if n is not None and d else None
 
 
 def _replicas(value: Any) -> dict[str, float]:
     if not isinstance(value, Mapping):
         return {}
-    return {str(role): n for role, count in value.items() if (n := _num(count)) is not None}
+    return {str(role): n for role, count in value.items() if (n := finite_number(count)) is not None}
 
 
 @dataclass(slots=True)
@@ -207,12 +201,12 @@ def _read(at: datetime, stored: Any) -> _Tick:
             "observed_rps": _ratio(observed.num_req, observed.duration_s),
             # The forecast is for an interval as long as the observed one (the throughput interval).
             "predicted_rps": _ratio(predicted.num_req, observed.duration_s),
-            "observed_ttft_ms": _num(observed.ttft_ms),
-            "observed_itl_ms": _num(observed.itl_ms),
-            "observed_isl": _num(observed.isl),
-            "observed_osl": _num(observed.osl),
-            "predicted_isl": _num(predicted.isl),
-            "predicted_osl": _num(predicted.osl),
+            "observed_ttft_ms": finite_number(observed.ttft_ms),
+            "observed_itl_ms": finite_number(observed.itl_ms),
+            "observed_isl": finite_number(observed.isl),
+            "observed_osl": finite_number(observed.osl),
+            "predicted_isl": finite_number(predicted.isl),
+            "predicted_osl": finite_number(predicted.osl),
         }
         tick.values.update(values)
         tick.throughput_reason = throughput.reason or "unknown"
@@ -222,8 +216,8 @@ def _read(at: datetime, stored: Any) -> _Tick:
 
     load = record.load
     if load is not None:
-        tick.values["estimated_ttft_ms"] = _num(load.estimated_ttft_ms)
-        tick.values["estimated_itl_ms"] = _num(load.estimated_itl_ms)
+        tick.values["estimated_ttft_ms"] = finite_number(load.estimated_ttft_ms)
+        tick.values["estimated_itl_ms"] = finite_number(load.estimated_itl_ms)
         tick.ready = _replicas(load.current)
         tick.floor = _replicas(load.throughput_floor) or tick.floor
         tick.load_reason = load.reason or "unknown"
@@ -235,22 +229,22 @@ def _read(at: datetime, stored: Any) -> _Tick:
                 continue
             engine_roles.append(role)
             for row in section.engines:
-                queued_kv = _num(row.queued_decode_kv_tokens)
-                inflight_kv = _num(row.scheduled_decode_kv_tokens)
+                queued_kv = finite_number(row.queued_decode_kv_tokens)
+                inflight_kv = finite_number(row.scheduled_decode_kv_tokens)
                 kv = (
                     None
                     if queued_kv is None and inflight_kv is None
                     else (queued_kv or 0) + (inflight_kv or 0)
                 )
-                tick.engines.append(_Engine(role, row.engine, _num(row.queued_prefill_tokens), kv))
-            max_kv = _num(section.checks.max_kv_tokens) if section.checks is not None else None
+                tick.engines.append(_Engine(role, row.engine, finite_number(row.queued_prefill_tokens), kv))
+            max_kv = finite_number(section.checks.max_kv_tokens) if section.checks is not None else None
             if max_kv is not None:
                 tick.max_kv_tokens[role] = max_kv
         tick.engine_roles = tuple(engine_roles)
         for model, diag in (load.models or {}).items():
-            if (n := _num(diag.observations)) is not None:
+            if (n := finite_number(diag.observations)) is not None:
                 tick.samples[model] = n
-            if (n := _num(diag.min_observations)) is not None:
+            if (n := finite_number(diag.min_observations)) is not None:
                 tick.min_samples[model] = n
         estimates = ", ".join(
             f"{name} {value:.1f} ms"

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge
 
-from app.core.diagnostics import LoadDiagnostics, SlaDiagnostics, ThroughputDiagnostics
+from app.core.diagnostics import LoadDiagnostics, SlaDiagnostics, ThroughputDiagnostics, finite_number
 from app.core.seed.load_types import LoadReason
 from app.core.seed.throughput import ThroughputReason
 
@@ -64,13 +63,6 @@ _ENGINE_GAUGES = {
     ),
 }
 _ENGINE_LABELS = ["deployment", "role", "worker_id", "dp_rank"]
-
-
-def _number(value: Any) -> float | None:
-    # bool is an int: a flag must not become a gauge value; NaN is "no value", so no series.
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
 
 
 def _engine_labels(engine: str) -> tuple[str, str]:
@@ -253,7 +245,7 @@ class PlannerMetrics:
         else:  # a new reason must not fail the tick that was already stored
             log.warning("[%s] throughput reason %r is not an exported state", deployment, step.reason)
         for (section, key), metric in self.throughput_gauges.items():
-            value = _number(getattr(getattr(step, section), key, None))
+            value = finite_number(getattr(getattr(step, section), key, None))
             if value is not None:
                 metric.labels(deployment).set(value)
         observed, predicted = step.observed, step.predicted
@@ -297,7 +289,7 @@ class PlannerMetrics:
         values: list[tuple[Gauge, tuple[str, ...], float]] = []
 
         def put(gauge: Gauge, labels: tuple[str, ...], value: Any) -> None:
-            number = _number(value)
+            number = finite_number(value)
             if number is not None:
                 values.append((gauge, labels, number))
 
@@ -338,7 +330,7 @@ class PlannerMetrics:
         if not sla:
             return
         for role, section in (SlaDiagnostics.model_validate(sla).roles or {}).items():
-            if (wish := _number(section.wish)) is not None:
+            if (wish := finite_number(section.wish)) is not None:
                 self.sla_wish.labels(deployment, role).set(wish)
 
     def observe_decision(self, deployment: str, replicas: dict[str, int], status: str) -> None:

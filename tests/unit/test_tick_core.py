@@ -295,7 +295,7 @@ class Tick:
     def run(self) -> tuple[Replicas | None, DecisionSource | None, list[str]]:
         """The target, its source and the reasons, as `Planner.on_tick` derives them."""
         reason = NO_POLICY_REASON if self.proposal is None else f"proposed by {self.proposal_source}"
-        stages = normalise(
+        stages, source = normalise(
             Stage("proposal", self.proposal, reason),
             self.proposal_source,
             overrides=self.overrides,
@@ -303,9 +303,7 @@ class Tick:
             budget_gpus=self.budget_gpus,
             gpus_per_engine=self.gpus_per_engine,
         )
-        target = stages[-1].replicas
-        source = DecisionSource.OVERRIDE if self.overrides.pin is not None else self.proposal_source
-        return target, source if target is not None else None, [f"{s.name}: {s.reason}" for s in stages]
+        return stages[-1].replicas, source, [f"{s.name}: {s.reason}" for s in stages]
 
 
 def snapshot(
