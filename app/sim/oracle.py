@@ -61,6 +61,7 @@ from operator import attrgetter
 
 import numpy as np
 
+from app.core.sla.capacity import largest_meeting
 from app.core.traces import TraceRequest
 from app.sim.cluster import ROLES
 from app.sim.engines import PrefillEngine, SimRequest
@@ -307,16 +308,7 @@ def decode_capacity(truth: TruthModel, isl_mean: float, osl_mean: float, itl_tar
     def meets(n: int) -> bool:
         return truth.decode_iteration_s(n * context, n) * 1000.0 <= itl_target_ms
 
-    if kv_cap < 1 or not meets(1):
-        return 1
-    lo, hi = 1, kv_cap  # lo passes; find the largest passing n in [lo, hi]
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if meets(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    return largest_meeting(meets, kv_cap)
 
 
 # --- the schedule --------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ the engines' own iterations; every latency below is the profile's × `scale`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -166,9 +167,15 @@ def decode_batch_limit(
     def meets(n: int) -> bool:
         return model.decode_itl_ms(n, context) * scale <= itl_target_ms
 
-    if kv_cap < 1 or not meets(1):
+    return largest_meeting(meets, kv_cap)
+
+
+def largest_meeting(meets: Callable[[int], bool], cap: int) -> int:
+    """The largest n in [1, cap] with meets(n), for a test that holds up to some n and fails
+    beyond (bisection); 1 when even 1 fails or cap < 1 (one per engine is the least there is)."""
+    if cap < 1 or not meets(1):
         return 1
-    lo, hi = 1, kv_cap
+    lo, hi = 1, cap  # lo passes; find the largest passing n in [lo, hi]
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if meets(mid):
