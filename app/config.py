@@ -50,6 +50,11 @@ class RoleConfig(Strict):
     max_kv_tokens: int | None = Field(
         default=None, ge=1, description="KV cache capacity per engine (default: the profile's)"
     )
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        description="most requests one engine schedules at once (vLLM's max_num_seqs; default: no cap)",
+    )
 
     @model_validator(mode="after")
     def _min_not_above_max(self) -> RoleConfig:
