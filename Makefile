@@ -45,6 +45,11 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check app tests bench
 
+# NVIDIA Dynamo 1.6.1 in its own venv, .venv-dynamo, for bench/dynamo_replay.py (docs/benchmarks.md).
+.PHONY: dynamo-venv
+dynamo-venv:
+	bash bench/install_dynamo.sh
+
 openapi: $(STAMP)
 	$(BIN)/planner openapi
 

@@ -199,22 +199,53 @@ def cmd_plan(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     from app.sim.replay import run_command
 
+    if args.workload is not None:
+        args.trace = str(_write_workload(args.workload, Path(args.out)))
     return run_command(args)
+
+
+def _write_workload(name: str, out: Path) -> Path:
+    """The named workload as a Mooncake trace `<out>/<name>.jsonl`, which the replay then reads
+    like any trace (and which repeats the run with --trace). Arrival times are relative to its
+    first request, as for every trace file."""
+    from app.sim.workload import WORKLOADS, build_workload
+
+    if name not in WORKLOADS:
+        raise ConfigError(f"--workload: unknown workload {name!r} (choose from {', '.join(WORKLOADS)})")
+    requests = build_workload(name)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.jsonl"
+    with path.open("w") as stream:
+        for r in requests:
+            record = {
+                "timestamp": r.arrival_s * 1000.0,
+                "input_length": r.isl_tokens,
+                "output_length": r.osl_tokens,
+            }
+            stream.write(json.dumps(record) + "\n")
+    return path
 
 
 def _add_replay(sub: argparse._SubParsersAction) -> None:
     replay = sub.add_parser(
         "replay",
         help="replay a request trace through a simulated cluster steered by a policy",
-        description="Replay a trace (Mooncake JSONL, Azure CSV or Dynamo request trace) through the "
-        "simulated cluster under one policy; write summary.json, requests.csv, replicas.csv, "
-        "decisions.csv and report.html to --out.",
+        description="Replay a trace (Mooncake JSONL, Azure CSV or Dynamo request trace), or a named "
+        "workload of the decision-quality benchmark, through the simulated cluster under one policy; "
+        "write summary.json, requests.csv, replicas.csv, decisions.csv and report.html to --out.",
     )
     replay.error = _one_line_error  # type: ignore[method-assign]
     positive = _number(minimum=0, inclusive=False)
     non_negative = _number(minimum=0, inclusive=True)
     gpus = _number(minimum=1, inclusive=True, integer=True)
-    replay.add_argument("--trace", required=True, help="request trace file")
+    source = replay.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", help="request trace file")
+    source.add_argument(
+        "--workload",
+        metavar="NAME",
+        help="a workload of the decision-quality benchmark by name (app/sim/workload.py WORKLOADS), "
+        "written to --out as NAME.jsonl and replayed from there",
+    )
     replay.add_argument("--out", required=True, help="output directory")
     replay.add_argument("--config", help="replay file (default: examples/replay.yaml)")
     replay.add_argument("--deployment", help="deployment of the replay file (default: its only one)")
@@ -234,6 +265,12 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
         "--truth-scale", type=positive, help="the world's latencies are the truth profile's x X"
     )
     replay.add_argument("--truth-profile", help="the world's profile (default: the planner's)")
+    replay.add_argument(
+        "--truth",
+        metavar="NAME[,NAME...]",
+        help="the world's latency shape: profile (default), smooth, one-prompt, prefix-cost, "
+        "rising-decode, combined with commas (docs in app/sim/truth.py)",
+    )
     replay.add_argument("--rate-scale", type=positive, help="K requests per trace request, arrivals +-0.5 s")
     replay.add_argument("--modes", type=_modes, help=MODES_HELP)
     replay.add_argument("--seed", type=_number(minimum=0, inclusive=True, integer=True), help="default: 0")

@@ -15,7 +15,7 @@ embedder's clock, from any origin.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -49,6 +49,10 @@ class TickInput:
     # its own last decision, as the service does; this is kept for the embedders that send it.
     expected: Mapping[str, int]
     fpm: Mapping[str, FpmByEngine] = field(default_factory=dict)  # role -> latest record per engine
+    # role -> every forward pass since the previous tick, oldest first, for the roles the embedder
+    # records them for: the planner learns from all of them and reads the engines' busy time.
+    # Roles left out learn from the latest records only.
+    fpm_records: Mapping[str, Sequence[ForwardPassMetrics]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,11 @@ class EmbeddedPlanner:
             # reports each tick's window, merged here until that interval is due.
             traffic, self._traffic = self._traffic, None
         fpm = {role: inp.fpm.get(role, {}) for role in roles} if needs.fpm else {}
+        fresh = self._fresh(fpm) if self.planner.settings.load is not None else {}
+        complete = {}
+        if needs.fpm:
+            for role, records in inp.fpm_records.items():
+                fresh[role], complete[role] = list(records), True
         effects = self.planner.on_tick(
             CoreTickInput(
                 now_s=inp.now_s,
@@ -102,7 +111,8 @@ class EmbeddedPlanner:
                 traffic=traffic,
                 traffic_error=None if traffic is not None else "no traffic window given",
                 fpm=fpm,
-                fpm_new=self._fresh(fpm) if self.planner.settings.load is not None else {},
+                fpm_new=fresh,
+                fpm_complete=complete,
                 ready={role: inp.ready.get(role, 0) for role in roles},
             )
         )

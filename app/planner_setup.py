@@ -42,6 +42,7 @@ def sla_settings(deployment: DeploymentConfig, model: PerfModel | None) -> SlaSe
         bounds=deployment.bounds(),
         chunk_tokens=deployment.prefill.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
         max_kv_tokens=int(max_kv),
+        max_num_seqs=decode.max_num_seqs,
     )
 
 

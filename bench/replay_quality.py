@@ -1,37 +1,62 @@
-"""Decision quality: each policy replayed on real traffic, against the clairvoyant oracle.
+"""Decision quality: each policy replayed on eight workloads in six worlds, against the clairvoyant oracle.
 
-Workloads (both bundled in data/traces/):
+Workloads (`app.sim.workload.WORKLOADS`, built from the traces bundled in data/traces/):
 - `azure-conv-x30`: the Azure LLM inference trace 2023 (conversation), 19,366 requests over
   3,502 s, at 30x its rate (`expand_rate`, seed 0): 580,980 requests, about 166 req/s;
 - `servegen-day1`: ServeGen m-large's aggregate rate curve, day 2 of 14 (windows 144..287, the
   widest daily swing: 93 to 515 req/s), compressed 24x (a 600 s window lasts 25 s, the day an
-  hour), Poisson arrivals at the windows' own rates, request lengths drawn from the Azure trace.
+  hour), Poisson arrivals at the windows' own rates, request lengths drawn from the Azure trace;
+- `mooncake-arxiv`: the first 1,000 requests of Mooncake's arXiv trace (real timing, 178 s,
+  batches of about 17 long prompts every 3 s) at 2x: 2,000 requests;
+- `bursty-gaps`: code completion: bursts of 150-450 req/s for 20-120 s, idle gaps of 1-4
+  minutes (silent 61% of the time), short prompts and completions; 30 minutes;
+- `flash-crowd`: 40 req/s jumping to 400 within 20 s at minute 10, held 5 minutes, decaying
+  back (time constant 150 s); Azure lengths; 30 minutes;
+- `diurnal`: a smooth day (30 to 270 req/s and back) compressed into 30 minutes; Azure lengths;
+- `long-prompt`: 8 to 16 req/s of Mooncake's synthetic lengths with prompts x 1.35 (mean 20k
+  tokens, p99 90k); 30 minutes;
+- `heavy-tail-output`: 50 to 110 req/s, Azure prompts, lognormal outputs (median 180 tokens,
+  p99 3.4k); 30 minutes.
 
-For each workload, start-up delay (30, 120, 300 s) and truth scale (1.0, 1.2: the world 20%
-slower than the planner's profile), every policy (oracle, static, reactive, seed, planner) runs on the
-same world (`seed` is the reference's throughput and load modes, `planner` SLA scaling), with
-the settings of examples/replay.yaml (TTFT 1 s, ITL 30 ms, H200 Llama-3.1-8B
-FP8 profile). Columns: SLO attainment (TTFT and mean ITL both met), GPU-hours, GPU-hours over
-the oracle's lower bound, scaling actions, and replay speed (simulated seconds per wall second).
+Halves (`--half`), fixed so that tuning never sees the workloads results are reported on:
+`train` = azure-conv-x30, flash-crowd, long-prompt, diurnal (tune here); `test` = servegen-day1,
+bursty-gaps, heavy-tail-output, mooncake-arxiv (report here).
 
-    .venv/bin/python bench/replay_quality.py [--workers 2] [--quick] [--policies planner]
-        [--scaling decode_itl_margin=0.95 ...] [--out FILE]
+Worlds: `profile` (the planner's own profile is the truth), `profile-1.2` (the same, 20% slower),
+and the named truths of app/sim/truth.py, `simulation.truth`: `smooth`, `one-prompt`,
+`prefix-cost`, `rising-decode`, each at truth scale 1.0. Start-up delays 30, 120 and 300 s. In
+each (workload, world, delay) cell every policy (oracle, static, reactive, seed, planner) runs on
+the same world (`seed` is the reference's throughput and load modes, `planner` SLA scaling),
+with the settings of examples/replay.yaml (TTFT 1 s, ITL 30 ms, H200 Llama-3.1-8B FP8 profile).
+Per run: SLO attainment (TTFT and mean ITL both met), GPU-hours, GPU-hours over the oracle's
+lower bound, scaling actions, and the requests no policy could serve (late even alone on an idle
+engine; the same for every policy of a cell).
 
-`--quick` runs only delay 120 s and truth 1.0. `--scaling FIELD=VALUE` (repeatable) overrides a
-field of the deployment's `scaling:` section for every cell, which is how the variants in
-docs/benchmarks.md were measured. Prints a markdown table and writes
-bench/results/replay_quality.json (or `--out`).
+    .venv/bin/python bench/replay_quality.py [--quick] [--workloads a,b | --half train|test]
+        [--worlds a,b] [--delays 30,120] [--policies planner] [--scaling FIELD=VALUE ...]
+        [--workers 2] [--out FILE]
+
+The default is the whole matrix: 8 workloads x 6 worlds x 3 delays = 144 cells of 5 replays.
+`--quick` runs delay 120 s in the worlds profile, smooth, one-prompt, prefix-cost and
+rising-decode (explicit `--delays` or `--worlds` win over it). `--scaling FIELD=VALUE`
+(repeatable) overrides a field of the deployment's `scaling:` section for every cell, which is
+how the variants in docs/benchmarks.md were measured. Progress goes to stderr as cells finish;
+stdout gets one markdown table per world (rows workload x delay, one `attainment / ÷ oracle`
+column per policy), then the goal summary; bench/results/replay_quality.json (or `--out`) gets
+every row.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -42,26 +67,60 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.config import ScalingConfig, format_validation_error  # noqa: E402
+from app.core.traces import TraceRequest  # noqa: E402
 from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides  # noqa: E402
 from app.sim.outputs import summarize  # noqa: E402
 from app.sim.replay import build_world, make_policy, run_policy  # noqa: E402
-from app.sim.workload import expand_rate, read_rate_curve, synthesize  # noqa: E402
-from app.sources.traces import load_trace  # noqa: E402
+from app.sim.workload import WORKLOADS as WORKLOAD_BUILDERS  # noqa: E402
+from app.sim.workload import build_workload  # noqa: E402
 
-AZURE = ROOT / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
-SERVEGEN = ROOT / "data" / "traces" / "language_m-large_aggregate_rate.csv"
+# The matrix's workloads, in table order.
+MATRIX_WORKLOADS: tuple[str, ...] = tuple(WORKLOAD_BUILDERS)
+# The two the planner was tuned on (bench/clairvoyant_headroom.py replays these).
 WORKLOADS = ("azure-conv-x30", "servegen-day1")
+HALVES: dict[str, tuple[str, ...]] = {
+    "train": ("azure-conv-x30", "flash-crowd", "long-prompt", "diurnal"),
+    "test": ("servegen-day1", "bursty-gaps", "heavy-tail-output", "mooncake-arxiv"),
+}
 DELAYS_S = (30, 120, 300)
 TRUTH_SCALES = (1.0, 1.2)
 POLICIES = ("oracle", "static", "reactive", "seed", "planner")
+# World name -> (simulation.truth, truth scale); None: the profile itself is the truth.
+WORLDS: dict[str, tuple[str | None, float]] = {
+    "profile": (None, 1.0),
+    "profile-1.2": (None, 1.2),
+    "smooth": ("smooth", 1.0),
+    "one-prompt": ("one-prompt", 1.0),
+    "prefix-cost": ("prefix-cost", 1.0),
+    "rising-decode": ("rising-decode", 1.0),
+}
+QUICK_WORLDS = ("profile", "smooth", "one-prompt", "prefix-cost", "rising-decode")
+QUICK_DELAYS_S = (120,)
+
+# The goal, for the planner in one cell: SLO attainment at least GOAL_ATTAINMENT (or within
+# GOAL_ORACLE_SLACK of the oracle's, for cells where some requests cannot be served at all) at
+# GPU-hours at most GOAL_COST_RATIO times the oracle's.
+GOAL_ATTAINMENT = 0.99
+GOAL_ORACLE_SLACK = 0.005
+GOAL_COST_RATIO = 1.15
+LOW_ATTAINMENT = 0.95
 
 
-def workload(name: str):
-    azure = load_trace(AZURE)
-    if name == "azure-conv-x30":
-        return expand_rate(azure, 30, seed=0)
-    day = read_rate_curve(SERVEGEN)[144:288]
-    return synthesize(day, azure, compress=24, seed=0)
+@functools.cache
+def _cached_workload(name: str) -> tuple[TraceRequest, ...]:
+    # Built once per process: a worker runs many cells of the same workload.
+    return tuple(build_workload(name))
+
+
+def workload(name: str) -> list[TraceRequest]:
+    """The named matrix workload's requests (see app/sim/workload.py)."""
+    return list(_cached_workload(name))
+
+
+def world_name(truth: str | None, truth_scale: float) -> str:
+    if truth is None:
+        return "profile" if truth_scale == 1.0 else f"profile-{truth_scale:g}"
+    return truth if truth_scale == 1.0 else f"{truth}-{truth_scale:g}"
 
 
 def scaling_with(pairs: list[str]) -> ScalingConfig | None:
@@ -89,24 +148,32 @@ def run_cell(
     truth_scale: float,
     policies: tuple[str, ...] = POLICIES,
     scaling: ScalingConfig | None = None,
+    truth: str | None = None,
 ) -> list[dict]:
-    config = with_overrides(
-        load_replay_config(DEFAULT_REPLAY_CONFIG), startup_delay_s=delay_s, truth_scale=truth_scale
-    )
+    """Every policy of `policies` on one workload, world and start-up delay; one row each."""
+    world_overrides: dict[str, Any] = {"startup_delay_s": delay_s, "truth_scale": truth_scale}
+    if truth is not None:
+        world_overrides["truth"] = truth
+    config = with_overrides(load_replay_config(DEFAULT_REPLAY_CONFIG), **world_overrides)
     if scaling is not None:
         deployment = config.deployment.model_copy(update={"scaling": scaling})
         config = dataclasses.replace(config, deployment=deployment)
+    started, cpu_started = time.perf_counter(), time.process_time()
     requests = workload(name)
-    started = time.perf_counter()
+    built = time.perf_counter()
     world = build_world(config, requests)
-    oracle_s = time.perf_counter() - started
+    oracle_s = time.perf_counter() - built
     rows = []
     for policy in policies:
+        policy_cpu_started = time.process_time()
         result = run_policy(world, make_policy(policy, world), trace_name=name)
-        s = summarize(result)
+        policy_cpu_s = time.process_time() - policy_cpu_started
+        s = summarize(result, truth=world.truth)
         rows.append(
             {
                 "workload": name,
+                "world": world_name(truth, truth_scale),
+                "truth": truth or "profile",
                 "delay_s": delay_s,
                 "truth_scale": truth_scale,
                 "policy": policy,
@@ -118,17 +185,173 @@ def run_cell(
                 "oracle_gpu_hours": s["oracle_gpu_hours"],
                 "gpu_hours_over_oracle": s["gpu_hours_over_oracle"],
                 "scaling_actions": s["scaling_actions"],
+                # Late even alone on an idle engine in this world: the same for every policy.
+                "unservable_requests": s["unservable_requests"],
                 "sim_s_per_wall_s": s["simulated_s_per_wall_s"],
+                "replay_cpu_s": policy_cpu_s,
                 "oracle_compute_s": oracle_s,
             }
         )
+    # CPU seconds as well as wall seconds: on a shared machine only the former predict the
+    # matrix's time on idle cores.
+    cell_s, cell_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
+    for row in rows:
+        row["cell_wall_s"], row["cell_cpu_s"] = cell_s, cell_cpu_s
     return rows
+
+
+# --- selection ------------------------------------------------------------------------------------
+
+
+def parse_names(text: str, known: Sequence[str], flag: str) -> tuple[str, ...]:
+    """A comma-separated list of names from `known`, in the order given; SystemExit naming the
+    unknown ones (and the known) otherwise."""
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise SystemExit(
+            f"{flag}: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(known)}"
+        )
+    return names
+
+
+def parse_delays(text: str) -> tuple[float, ...]:
+    try:
+        delays = tuple(float(d) for d in text.split(",") if d.strip())
+    except ValueError:
+        raise SystemExit(f"--delays: expected comma-separated seconds, got {text!r}") from None
+    if not delays or any(not (d >= 0 and d < float("inf")) for d in delays):
+        raise SystemExit(f"--delays: expected comma-separated seconds >= 0, got {text!r}")
+    return delays
+
+
+Cell = tuple[str, str, float]  # (workload, world, start-up delay in s)
+
+
+def matrix_cells(workloads: Iterable[str], worlds: Iterable[str], delays_s: Iterable[float]) -> list[Cell]:
+    """Workload-major, so that a worker's consecutive cells share one built workload."""
+    worlds, delays_s = tuple(worlds), tuple(delays_s)
+    return [(w, world, d) for w in workloads for world in worlds for d in delays_s]
+
+
+def _run_matrix_cell(cell: Cell, policies: tuple[str, ...], scaling: ScalingConfig | None) -> list[dict]:
+    name, world, delay_s = cell
+    truth, truth_scale = WORLDS[world]
+    return run_cell(name, delay_s, truth_scale, policies, scaling, truth)
+
+
+# --- the report -----------------------------------------------------------------------------------
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1%}"
+
+
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def world_table(rows: Sequence[dict], world: str, policies: Sequence[str]) -> str:
+    """One world's markdown table: a row per (workload, delay), a column `attainment / ÷ oracle`
+    per policy."""
+    cells: dict[tuple[str, float], dict[str, dict]] = {}
+    for r in rows:
+        if r["world"] == world:
+            cells.setdefault((r["workload"], r["delay_s"]), {})[r["policy"]] = r
+    head = ["workload", "delay", "oracle GPU-h", "unservable", *policies]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---:|" + "---|" * len(policies)]
+    for (name, delay_s), by_policy in cells.items():
+        any_row = next(iter(by_policy.values()))
+        unservable = any_row.get("unservable_requests")
+        entries = [
+            f"{_pct(by_policy[p]['slo_attainment'])} / {_ratio(by_policy[p]['gpu_hours_over_oracle'])}"
+            if p in by_policy
+            else "–"
+            for p in policies
+        ]
+        lines.append(
+            f"| {name} | {delay_s:g} s | {any_row['oracle_gpu_hours']:.2f} "
+            f"| {'–' if unservable is None else unservable} | " + " | ".join(entries) + " |"
+        )
+    return "\n".join(lines)
+
+
+def meets_goal(planner: dict, oracle: dict | None) -> bool:
+    attainment, ratio = planner["slo_attainment"], planner["gpu_hours_over_oracle"]
+    if attainment is None or ratio is None:
+        return False
+    good_enough = attainment >= GOAL_ATTAINMENT or (
+        oracle is not None
+        and oracle["slo_attainment"] is not None
+        and attainment >= oracle["slo_attainment"] - GOAL_ORACLE_SLACK
+    )
+    return good_enough and ratio <= GOAL_COST_RATIO
+
+
+def goal_summary(rows: Sequence[dict]) -> dict[str, list[str]]:
+    """The planner's cells, by the goal: `met` (≥ 99% attainment, or ≥ the oracle's - 0.5
+    points, at ≤ 1.15x the oracle's GPU-hours), `missed` (the rest), `below_95` (attainment under
+    95%), `worse_than_static` (lower attainment and more GPU-hours than static). Cells are named
+    `workload world delay`; empty lists without planner rows (and no static comparison without
+    static rows)."""
+    by_cell: dict[tuple[str, str, float], dict[str, dict]] = {}
+    for r in rows:
+        by_cell.setdefault((r["workload"], r["world"], r["delay_s"]), {})[r["policy"]] = r
+    out: dict[str, list[str]] = {"met": [], "missed": [], "below_95": [], "worse_than_static": []}
+    for (name, world, delay_s), by_policy in by_cell.items():
+        planner = by_policy.get("planner")
+        if planner is None:
+            continue
+        label = f"{name} {world} {delay_s:g} s"
+        out["met" if meets_goal(planner, by_policy.get("oracle")) else "missed"].append(label)
+        attainment = planner["slo_attainment"]
+        if attainment is not None and attainment < LOW_ATTAINMENT:
+            out["below_95"].append(f"{label} ({attainment:.1%})")
+        static = by_policy.get("static")
+        if (
+            static is not None
+            and attainment is not None
+            and static["slo_attainment"] is not None
+            and attainment < static["slo_attainment"]
+            and planner["gpu_hours"] > static["gpu_hours"]
+        ):
+            out["worse_than_static"].append(
+                f"{label} ({attainment:.1%} vs {static['slo_attainment']:.1%}, "
+                f"{planner['gpu_hours']:.2f} vs {static['gpu_hours']:.2f} GPU-h)"
+            )
+    return out
+
+
+def format_summary(summary: dict[str, list[str]]) -> str:
+    total = len(summary["met"]) + len(summary["missed"])
+    if not total:
+        return "No planner rows: no goal summary."
+    lines = [
+        f"Goal: planner SLO attainment ≥ {GOAL_ATTAINMENT:.0%} (or ≥ the oracle's − "
+        f"{GOAL_ORACLE_SLACK * 100:g} points) at ≤ {GOAL_COST_RATIO:g}x the oracle's GPU-hours.",
+        f"- met in {len(summary['met'])} of {total} cells",
+        f"- missed in {len(summary['missed'])}: {'; '.join(summary['missed']) or 'none'}",
+        f"- below {LOW_ATTAINMENT:.0%} attainment: {len(summary['below_95'])}: "
+        f"{'; '.join(summary['below_95']) or 'none'}",
+        f"- worse than static on both axes: {len(summary['worse_than_static'])}: "
+        f"{'; '.join(summary['worse_than_static']) or 'none'}",
+    ]
+    return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
-    parser.add_argument("--quick", action="store_true", help="delay 120 s and truth 1.0 only")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"delay 120 s, worlds {', '.join(QUICK_WORLDS)} (unless --delays or --worlds say otherwise)",
+    )
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument("--workloads", help=f"comma-separated, of {', '.join(MATRIX_WORKLOADS)}")
+    chosen.add_argument("--half", choices=tuple(HALVES), help="train or test: a fixed half of the workloads")
+    parser.add_argument("--worlds", help=f"comma-separated, of {', '.join(WORLDS)}")
+    parser.add_argument("--delays", help="start-up delays in s, comma-separated (default: 30,120,300)")
     parser.add_argument(
         "--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}"
     )
@@ -137,38 +360,66 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "replay_quality.json")
     args = parser.parse_args()
-    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
-    unknown = [p for p in policies if p not in POLICIES]
-    if unknown or not policies:
-        parser.error(
-            f"--policies: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(POLICIES)}"
-        )
+    policies = parse_names(args.policies, POLICIES, "--policies")
+    if args.workloads:
+        workloads = parse_names(args.workloads, MATRIX_WORKLOADS, "--workloads")
+    else:
+        workloads = HALVES[args.half] if args.half else MATRIX_WORKLOADS
+    if args.worlds:
+        worlds = parse_names(args.worlds, tuple(WORLDS), "--worlds")
+    else:
+        worlds = QUICK_WORLDS if args.quick else tuple(WORLDS)
+    delays = parse_delays(args.delays) if args.delays else (QUICK_DELAYS_S if args.quick else DELAYS_S)
     scaling = scaling_with(args.scaling)
-    delays = (120,) if args.quick else DELAYS_S
-    truths = (1.0,) if args.quick else TRUTH_SCALES
-    cells = [(w, d, t) for w in WORKLOADS for d in delays for t in truths]
+    cells = matrix_cells(workloads, worlds, delays)
+    # The middle start-up delay first: a run stopped early has the --quick matrix.
+    order = sorted(cells, key=lambda c: (abs(c[2] - 120.0), c[2]))
     started = time.perf_counter()
+    results: dict[Cell, list[dict]] = {}
+    # Each finished cell's rows at once, so that a long run stopped early keeps what it measured.
+    partial = args.out.with_suffix(".partial.jsonl")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_text("")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(run_cell, *cell, policies, scaling) for cell in cells]
-        rows = [row for f in futures for row in f.result()]
+        futures = {pool.submit(_run_matrix_cell, cell, policies, scaling): cell for cell in order}
+        for done, future in enumerate(as_completed(futures), start=1):
+            cell = futures[future]
+            results[cell] = future.result()
+            with partial.open("a") as stream:
+                stream.writelines(json.dumps(row) + "\n" for row in results[cell])
+            name, world, delay_s = cell
+            first = results[cell][0]
+            print(
+                f"[{done}/{len(cells)}] {name} {world} {delay_s:g} s: {first['cell_wall_s']:.0f} s "
+                f"(CPU {first['cell_cpu_s']:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
     wall_s = time.perf_counter() - started
+    rows = [row for cell in cells for row in results[cell]]
 
-    print(
-        "| workload | delay | truth | policy | SLO attainment | GPU-hours | ÷ oracle | actions "
-        "| sim s / wall s |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        ratio = r["gpu_hours_over_oracle"]
-        print(
-            f"| {r['workload']} | {r['delay_s']:g} s | {r['truth_scale']:g} | {r['policy']} "
-            f"| {r['slo_attainment']:.1%} | {r['gpu_hours']:.2f} | {ratio:.2f} | {r['scaling_actions']} "
-            f"| {r['sim_s_per_wall_s']:.0f} |"
-        )
-    print(f"\n{len(rows)} replays in {wall_s:.0f} s with {args.workers} workers")
+    for world in worlds:
+        truth, scale = WORLDS[world]
+        print(f"\n### World `{world}` (truth {truth or 'profile'}, scale {scale:g})\n")
+        print("Cells: SLO attainment / GPU-hours ÷ the oracle's.\n")
+        print(world_table(rows, world, policies))
+    summary = goal_summary(rows)
+    print("\n" + format_summary(summary))
+    print(f"\n{len(rows)} replays ({len(cells)} cells) in {wall_s:.0f} s with {args.workers} workers")
     out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"rows": rows, "wall_s": wall_s, "workers": args.workers, "scaling": args.scaling}
+    record = {
+        "rows": rows,
+        "summary": summary,
+        "wall_s": wall_s,
+        "workers": args.workers,
+        "scaling": args.scaling,
+        "workloads": list(workloads),
+        "worlds": list(worlds),
+        "delays_s": list(delays),
+        "policies": list(policies),
+        "half": args.half,
+    }
     out.write_text(json.dumps(record, indent=2))
     return 0
 

@@ -253,10 +253,42 @@ class SlaRole(Record):
     queued_tokens: Num = None
     backlog_tokens_s: Num = None
     meets_target: Flag = None
+    miss_share: Num = None  # of the servable requests, expected to miss the TTFT target
+    unservable_share: Num = None  # requests whose prefill alone exceeds the target
+    unservable_rate_s: Num = None
+    longest_servable_tokens: Num = None
     # decode
     batch_limit: Num = None
     in_flight_at_target: Num = None
     held_now: Num = None
+
+
+class LatencyModel(Record):
+    """One role's learned iteration cost (app/core/sla/latency.py)."""
+
+    records: Num = None  # forward passes learned from, ever
+    weight: Num = None  # their weight now, faded
+    coefficients: list[float] | None = None  # ms per (1, scaled features)
+    range: list[float] | None = None  # the largest scaled features of the data
+    packs_prompts: Flag = None  # prefill
+    learned_now: Num = None
+
+
+class CapacityCheck(Record):
+    busy: Num = None  # prefill engines' measured busy share over the tick
+    model_busy: Num = None  # the share the model says the same work takes
+    checked: Flag = None
+    correction: Num = None
+
+
+class QuietPeriod(Record):
+    age_s: Num = None
+    periods_seen: Num = None
+    return_probability: Num = None
+    keep: Flag = None
+    return_wish: Counts = None
+    keep_engine_s: Num = None  # engine-seconds the kept engines cost over the horizon
+    release_risk_requests: Num = None  # requests expected to meet too few engines if let go
 
 
 class SlaDiagnostics(Record):
@@ -269,6 +301,9 @@ class SlaDiagnostics(Record):
     demand: _section(SlaDemand) = None
     roles: _sections(SlaRole) = None
     scale_down_window_s: Num = None
+    latency: _sections(LatencyModel) = None
+    capacity_check: _section(CapacityCheck) = None
+    quiet: _section(QuietPeriod) = None
 
 
 # --- the tick ------------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ from app.core.types import (
 
 NO_POLICY_REASON = "no automatic scaling enabled; targets come only from operator pins"
 # Bumped whenever PlannerState changes shape: an export from another version is refused.
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: SLA scaling learns iteration costs and quiet periods
 
 FpmByEngine = Mapping[EngineKey, ForwardPassMetrics]
 
@@ -102,6 +102,9 @@ class TickInput:
     # the regressions have not trained on (load scaling).
     fpm: Mapping[Role, FpmByEngine] = field(default_factory=dict)
     fpm_new: Mapping[Role, Sequence[ForwardPassMetrics]] = field(default_factory=dict)
+    # Per role: whether `fpm_new` holds every record since the previous tick (none was dropped),
+    # so that their wall times are the engines' busy time.
+    fpm_complete: Mapping[Role, bool] = field(default_factory=dict)
     # Ready engines per role from an inventory (the connector's report, the last acknowledged
     # decision, the embedder); None: no inventory says, the engines reporting FPM count.
     ready: Mapping[Role, int] | None = None
@@ -346,6 +349,8 @@ class Planner:
             expected=expected,
             # A decision in force is an inventory of its own: it says what the planner ordered.
             inventory_known=in_force or inventory_known,
+            fpm_new={role: inp.fpm_new.get(role, ()) for role in roles},
+            fpm_complete={role: inp.fpm_complete.get(role, False) for role in roles},
         )
         outcome = sla_step(self.model, state, sla_input, settings)
         diag = SlaDiagnostics.model_validate(

@@ -71,6 +71,7 @@ class Cluster:
         gpus_per_engine: dict[str, int] | None = None,
         model_name: str = "model",
         on_fpm: Callable[[ForwardPassMetrics], None] | None = None,
+        record_roles: Sequence[str] = (),
     ) -> None:
         if not (math.isfinite(startup_delay_s) and startup_delay_s >= 0):
             raise ValueError(f"startup_delay_s must be >= 0, got {startup_delay_s!r}")
@@ -82,6 +83,9 @@ class Cluster:
         ]
         self.frontend = FrontendCounters(model_name)
         self.on_fpm = on_fpm
+        # Every forward pass of these roles, kept until `take_fpm_records` (a policy that reads
+        # them all, as a planner subscribed to the engines' FPM stream does).
+        self._records: dict[str, list[ForwardPassMetrics]] = {role: [] for role in record_roles}
         self.now = 0.0
         self.completed = 0
         self.targets = {role: 0 for role in ROLES}
@@ -203,10 +207,11 @@ class Cluster:
     def _order(self, role: str, ready_s: float) -> None:
         self._engine_no[role] += 1
         engine_id = f"{role}-{self._engine_no[role]}"
+        on_fpm = self._records[role].append if role in self._records else self.on_fpm
         engine: Engine = (
-            PrefillEngine(engine_id, self.truth, self.on_fpm)
+            PrefillEngine(engine_id, self.truth, on_fpm)
             if role == "prefill"
-            else DecodeEngine(engine_id, self.truth, self.on_fpm)
+            else DecodeEngine(engine_id, self.truth, on_fpm)
         )
         slot = _Slot(engine, ordered_s=self.now, ready_s=ready_s)
         self._slots[role].append(slot)
@@ -290,6 +295,13 @@ class Cluster:
     def serving_engines(self, role: str) -> list[Engine]:
         """Engines taking new work (ready, not draining)."""
         return [s.engine for s in self._serving[role]]
+
+    def take_fpm_records(self) -> dict[str, list[ForwardPassMetrics]]:
+        """The recorded roles' forward passes since the previous call, oldest first."""
+        taken = {role: list(records) for role, records in self._records.items()}
+        for records in self._records.values():
+            records.clear()  # in place: the engines append to these lists
+        return taken
 
     def fpm_snapshot(self) -> dict[str, dict[tuple[str, int], ForwardPassMetrics]]:
         """The latest FPM of every serving or draining engine, per role."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from app.config import (
     REPO_ROOT,
@@ -22,6 +22,7 @@ from app.config import (
     read_yaml_mapping,
     validate_deployments,
 )
+from app.sim.truth import parse_worlds
 
 DEFAULT_REPLAY_CONFIG = REPO_ROOT / "examples" / "replay.yaml"
 POLICIES = ("planner", "seed", "static", "reactive", "oracle")
@@ -52,6 +53,8 @@ class SimulationConfig(Strict):
     rate_scale: float = Field(default=1.0, gt=0)
     truth_scale: float = Field(default=1.0, gt=0)
     truth_profile: str | None = None  # default: the deployment's profile
+    # The world's latency shape (app/sim/truth.py WORLDS), names combined with commas.
+    truth: str = "profile"
     seed: int = 0
     # Engines of each role at t = 0 for planner and reactive (static and oracle size their own);
     # None: the oracle's count at t = 0, so that no policy starts from a cold, empty cluster.
@@ -59,6 +62,11 @@ class SimulationConfig(Strict):
     initial_decode: int | None = Field(default=None, ge=0)
     reactive: ReactiveConfig = Field(default_factory=ReactiveConfig)
     oracle: OracleConfig = Field(default_factory=OracleConfig)
+
+    @field_validator("truth")
+    @classmethod
+    def _known_worlds(cls, value: str) -> str:
+        return ",".join(parse_worlds(value))
 
 
 class _SimulationSection(Strict):
@@ -129,6 +137,7 @@ def with_overrides(
     startup_delay_s: float | None = None,
     truth_scale: float | None = None,
     truth_profile: str | None = None,
+    truth: str | None = None,
     seed: int | None = None,
     rate_scale: float | None = None,
     modes: tuple[str, ...] | None = None,
@@ -155,10 +164,16 @@ def with_overrides(
     for role, gpus in (("prefill", prefill_gpus), ("decode", decode_gpus)):
         if gpus is not None:
             deployment_update[role] = d.role(role).model_copy(update={"gpus_per_engine": gpus})  # type: ignore[arg-type]
+    if truth is not None:
+        try:
+            truth = ",".join(parse_worlds(truth))
+        except ValueError as exc:
+            raise ConfigError(f"--truth: {exc}") from None
     simulation = {
         "startup_delay_s": startup_delay_s,
         "truth_scale": truth_scale,
         "truth_profile": str(Path(truth_profile).resolve()) if truth_profile is not None else None,
+        "truth": truth,
         "seed": seed,
         "rate_scale": rate_scale,
     }

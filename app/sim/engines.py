@@ -94,7 +94,8 @@ def _variance(values: list[int]) -> float:
 
 class PrefillEngine:
     """Prompts are computed first come, first served, `max_num_batched_tokens` per iteration:
-    an iteration takes the head of the queue, splitting the last prompt that does not fit."""
+    an iteration takes the head of the queue, splitting the last prompt that does not fit (in
+    the one-prompt world, only the head: one prompt per iteration)."""
 
     role = "prefill"
 
@@ -130,16 +131,21 @@ class PrefillEngine:
         """Begin the next iteration if idle and there is work; its end time, or None."""
         if self.busy_until is not None or not self.queue:
             return None
-        budget = self.truth.max_num_batched_tokens
+        truth = self.truth
+        budget = truth.max_num_batched_tokens
+        one_prompt = truth.one_prompt
         batch: list[tuple[SimRequest, int, bool]] = []
         tokens = 0
         earlier_chunks = 0  # prompt tokens of these requests computed in earlier iterations
+        prefix_tokens2 = 0.0  # Σ chunk × (prefix + chunk / 2): what the prefix-cost world charges
         while self.queue and tokens < budget:
             entry = self.queue[0]
             request, remaining = entry
             take = min(remaining, budget - tokens)
             tokens += take
-            earlier_chunks += request.isl - remaining
+            prefix = request.isl - remaining
+            earlier_chunks += prefix
+            prefix_tokens2 += take * (prefix + take / 2)
             last = take == remaining
             batch.append((request, take, last))
             if last:
@@ -148,7 +154,9 @@ class PrefillEngine:
                 self._queued_isl_sq -= request.isl * request.isl
             else:
                 entry[1] = remaining - take
-        wall_s = self.truth.prefill_iteration_s(tokens)
+            if one_prompt:
+                break
+        wall_s = truth.prefill_iteration_s(tokens, prefix_tokens2)
         self._batch = batch
         self.busy_until = now + wall_s
         self.last = Iteration(
@@ -200,8 +208,9 @@ class PrefillEngine:
 
 class DecodeEngine:
     """Continuous batching. A request is admitted when its whole KV need (prompt + output) fits
-    in `max_kv_tokens` next to the admitted requests (no preemption); until then it waits in the
-    engine's queue, and that wait counts in its inter-token latency."""
+    in `max_kv_tokens` next to the admitted requests (no preemption) and the batch holds fewer
+    than the truth's `max_num_seqs` (when set); until then it waits in the engine's queue, and
+    that wait counts in its inter-token latency."""
 
     role = "decode"
 
@@ -210,6 +219,7 @@ class DecodeEngine:
         self.truth = truth
         self.on_fpm = on_fpm
         self.max_kv_tokens = truth.max_kv_tokens
+        self.max_num_seqs = truth.max_num_seqs  # None: only the KV capacity limits the batch
         self.waiting: deque[SimRequest] = deque()
         self.waiting_kv = 0
         self.reserved_kv = 0
@@ -250,7 +260,10 @@ class DecodeEngine:
         self.waiting_kv += request.kv_need
 
     def _admit(self, now: float) -> None:
+        max_seqs = self.max_num_seqs
         while self.waiting:
+            if max_seqs is not None and len(self._active) >= max_seqs:
+                break
             request = self.waiting[0]
             need = request.kv_need
             if self.reserved_kv + need > self.max_kv_tokens and self._active:
@@ -287,9 +300,12 @@ class DecodeEngine:
     def join(self, now: float) -> float | None:
         """A request was added while busy: stop the segment at the next iteration boundary at or
         after `now`, admit, and plan again. The new end time, or None if the segment ends at
-        `now` anyway (its end event will admit)."""
+        `now` anyway (its end event will admit) or the batch is at `max_num_seqs` (the request
+        waits for one to finish; the segment goes on unchanged)."""
         if not self.busy:
             return self.start(now)
+        if self.max_num_seqs is not None and len(self._active) >= self.max_num_seqs:
+            return None
         elapsed = now - self.segment_start_s
         done = int(elapsed / self.iteration_s)
         if done * self.iteration_s < elapsed - 1e-12:

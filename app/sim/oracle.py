@@ -8,15 +8,17 @@ answers in two steps:
    latency targets at the load that actually arrives.
 
    - **Prefill** is simulated: the interval's arrivals alone, on `c` empty `PrefillEngine`s (the
-     simulator's own engine code), routed as the cluster routes them (to the engine with the
-     fewest prompt tokens pending, ties to the first; an arrival is routed before an iteration
-     ending at the same instant). r* is the smallest `c` whose `quantile` of TTFT meets the
-     target. Using the simulator's engines is the point: the answer holds in the simulated world
-     the policies are graded in, chunked prefill and batching included. The search starts at a
-     throughput guess (the busiest burst of prompts at the engine's best tokens per second,
-     given the burst's length plus the target to finish), tries one below it if it passes and
-     gallops up if it fails, then bisects; this assumes the TTFT quantile does not increase
-     with `c`, which holds in practice but is not guaranteed (least-pending routing is greedy).
+     simulator's own engine code, so the world's one-prompt and prefix-cost rules hold), routed
+     as the cluster routes them (to the engine with the fewest prompt tokens pending, ties to the
+     first; an arrival is routed before an iteration ending at the same instant). r* is the
+     smallest `c` whose `quantile` of TTFT meets the target. Using the simulator's engines is
+     the point: the answer holds in the simulated world the policies are graded in, chunked
+     prefill and batching included. The search starts at a throughput guess (the busiest burst
+     of prompts at the engine's best tokens per second plus each prompt's prefix cost, or each
+     prompt alone when the engine computes one prompt per iteration, given the burst's length
+     plus the target to finish), tries one below it if it passes and gallops up if it fails,
+     then bisects; this assumes the TTFT quantile does not increase with `c`, which holds in
+     practice but is not guaranteed (least-pending routing is greedy).
      When even one idle engine per request cannot meet the target (prompts too long), the
      target is raised to that best achievable quantile, so the answer stays finite.
    - **Decode** is analytic, by Little's law, and deliberately an upper bound: every request
@@ -27,11 +29,11 @@ answers in two steps:
      every cell it touches). An engine holds at most `n_max` requests: the largest batch whose
      iteration at the interval's mean context (mean ISL + mean OSL / 2 of the decoding requests
      arriving in it) meets the ITL target and whose KV need (n × (mean ISL + mean OSL)) fits in
-     `max_kv_tokens`; it is found by bisection, assuming the ITL grows with the batch. An
-     interval with no decoding arrival but requests still decoding takes the mean context of
-     the latest interval that had some (where those requests came from). If not even one
-     request per engine meets the target, `n_max = 1` (the best an engine can do).
-     r* = ceil(peak / n_max).
+     `max_kv_tokens`, and at most the engines' `max_num_seqs` when set; it is found by
+     bisection, assuming the ITL grows with the batch. An interval with no decoding arrival but
+     requests still decoding takes the mean context of the latest interval that had some (where
+     those requests came from). If not even one request per engine meets the target,
+     `n_max = 1` (the best an engine can do). r* = ceil(peak / n_max).
 
 2. `oracle_schedule`: from r* of one role, the cheapest schedule when an engine ordered at `t`
    serves from `t + startup_delay_s` and is billed from `t`. It is the ski-rental-style greedy
@@ -133,22 +135,32 @@ def _prefill_demand(
     )
     demand = []
     for batch in batches:
-        guess = _prefill_guess(batch, best_s_per_token, target_s, interval_s)
+        guess = _prefill_guess(batch, truth, best_s_per_token, target_s, interval_s)
         demand.append(_min_prefill_engines(batch, truth, target_s, quantile, guess))
     return demand
 
 
 def _prefill_guess(
-    batch: list[SimRequest], best_s_per_token: float, target_s: float, interval_s: float
+    batch: list[SimRequest], truth: TruthModel, best_s_per_token: float, target_s: float, interval_s: float
 ) -> int:
     """Engines needed for the busiest burst: prompts arriving within `w` seconds must (nearly
     all) be done `target_s` after the last of them, so they need at least their work over
-    `w + target_s`, at the engine's best speed. A guess, not a bound (the quantile lets a few be
-    late): the search checks it either way."""
+    `w + target_s`, at the engine's best speed (a prompt alone in the one-prompt world, which
+    packs none; plus its prefix cost, k × ISL² / 2 however it is chunked, in the prefix-cost
+    world). A guess, not a bound (the quantile lets a few be late): the search checks it either
+    way."""
     if not batch:
         return 0
     arrival_s = np.array([r.arrival_s for r in batch])
-    work_s = np.concatenate(([0.0], np.cumsum([r.isl for r in batch]) * best_s_per_token))
+    if truth.one_prompt:
+        per_request_s = [truth.prefill_request_s(r.isl) for r in batch]
+        work_s = np.concatenate(([0.0], np.cumsum(per_request_s)))
+    elif truth.prefix_cost_s_per_token2:
+        k = truth.prefix_cost_s_per_token2
+        per_request_s = [r.isl * best_s_per_token + k * r.isl * r.isl / 2 for r in batch]
+        work_s = np.concatenate(([0.0], np.cumsum(per_request_s)))
+    else:
+        work_s = np.concatenate(([0.0], np.cumsum([r.isl for r in batch]) * best_s_per_token))
     guess = 1
     for window_s in (1.0, 5.0, 15.0, 60.0):
         window_s = min(window_s, interval_s)
@@ -297,18 +309,20 @@ def _decode_demand(
 def decode_capacity(truth: TruthModel, isl_mean: float, osl_mean: float, itl_target_ms: float) -> int:
     """Requests one decode engine holds at the ITL target: the largest batch `n` whose iteration
     at context `isl_mean + osl_mean / 2` takes at most `itl_target_ms` and whose KV need
-    `n × (isl_mean + osl_mean)` fits in `truth.max_kv_tokens`; 1 if none does (one request per
-    engine is the best an engine can do). Bisection: the ITL is taken to grow with the batch."""
+    `n × (isl_mean + osl_mean)` fits in `truth.max_kv_tokens`, at most `truth.max_num_seqs`
+    (the engines schedule no more); 1 if none does (one request per engine is the best an engine
+    can do). Bisection: the ITL is taken to grow with the batch."""
     context = isl_mean + osl_mean / 2
     need = isl_mean + osl_mean
     kv_cap = int(truth.max_kv_tokens // need) if need > 0 else truth.max_kv_tokens
     while kv_cap > 0 and kv_cap * need > truth.max_kv_tokens:
         kv_cap -= 1  # floor division in floats may round up
+    cap = kv_cap if truth.max_num_seqs is None else min(kv_cap, truth.max_num_seqs)
 
     def meets(n: int) -> bool:
         return truth.decode_iteration_s(n * context, n) * 1000.0 <= itl_target_ms
 
-    return largest_meeting(meets, kv_cap)
+    return largest_meeting(meets, cap)
 
 
 # --- the schedule --------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from app.sim.cluster import ROLES, ReplicaSample
 from app.sim.engines import SimRequest
 from app.sim.request_table import RequestTable, request_table
 from app.sim.results import ReplayResult
+from app.sim.truth import TruthModel
 
 REQUEST_COLUMNS = (
     "id",
@@ -69,8 +70,32 @@ def target_changes(timeline: Sequence[ReplicaSample]) -> tuple[dict[str, int], d
     return actions, churn
 
 
-def summarize(result: ReplayResult, *, table: RequestTable | None = None) -> dict[str, Any]:
-    """The run's headline numbers, JSON-ready (plain floats and ints, None for undefined)."""
+def unservable_requests(
+    requests: Sequence[SimRequest], truth: TruthModel, *, ttft_target_ms: float, itl_target_ms: float
+) -> int:
+    """Requests no allocation could serve within the targets in this world: the prompt alone on
+    an idle prefill engine (`truth.prefill_request_s`, the world's chunking and prefix cost
+    included) takes longer than the TTFT target, or, for more than one output token, the decode
+    alone (batch 1, at the context the engine times it at: ISL + 1 + (OSL − 1) / 2) takes longer
+    per token than the ITL target. Their misses are the world's, not the policy's."""
+    counts: dict[tuple[int, int], int] = {}
+    for r in requests:  # a trace repeats its shapes: each distinct one is timed once
+        shape = (r.isl, r.osl)
+        counts[shape] = counts.get(shape, 0) + 1
+    unservable = 0
+    for (isl, osl), count in counts.items():
+        prefill_ms = truth.prefill_request_s(isl) * 1000.0
+        decode_ms = truth.decode_iteration_s(isl + 1 + (osl - 1) / 2, 1) * 1000.0 if osl > 1 else 0.0
+        if prefill_ms > ttft_target_ms or decode_ms > itl_target_ms:
+            unservable += count
+    return unservable
+
+
+def summarize(
+    result: ReplayResult, *, table: RequestTable | None = None, truth: TruthModel | None = None
+) -> dict[str, Any]:
+    """The run's headline numbers, JSON-ready (plain floats and ints, None for undefined).
+    `truth`, the world the run was in, gives `unservable_requests` and `truth` (None without)."""
     if table is None:
         table = request_table(result.requests, result.ttft_target_ms, result.itl_target_ms)
     finished = table.finished
@@ -101,6 +126,17 @@ def summarize(result: ReplayResult, *, table: RequestTable | None = None) -> dic
         "targets": {"ttft_ms": float(result.ttft_target_ms), "itl_ms": float(result.itl_target_ms)},
         "startup_delay_s": float(result.startup_delay_s),
         "truth_scale": float(result.truth_scale),
+        "truth": ",".join(truth.world) if truth is not None else None,
+        "unservable_requests": (
+            unservable_requests(
+                result.requests,
+                truth,
+                ttft_target_ms=result.ttft_target_ms,
+                itl_target_ms=result.itl_target_ms,
+            )
+            if truth is not None
+            else None
+        ),
         "gpus_per_engine": dict(result.gpus_per_engine),
         "simulated_s": float(result.end_s),
         "wall_s": float(result.wall_s),
@@ -161,9 +197,12 @@ def _write_decisions(path: Path, result: ReplayResult) -> None:
         )
 
 
-def write_outputs(result: ReplayResult, out_dir: Path, *, summary: dict | None = None) -> dict[str, Path]:
+def write_outputs(
+    result: ReplayResult, out_dir: Path, *, summary: dict | None = None, truth: TruthModel | None = None
+) -> dict[str, Path]:
     """Write every output file into `out_dir` (created if needed); returns their paths by kind:
-    summary, requests, replicas, decisions, report."""
+    summary, requests, replicas, decisions, report. `truth` is summarize's (when it makes the
+    summary)."""
     # Imported here, as before, so that importing this module for summarize() (the benchmarks do)
     # does not load plotly; there is no cycle to hide any more (app/sim/request_table.py).
     from app.sim.report import render_report
@@ -172,7 +211,7 @@ def write_outputs(result: ReplayResult, out_dir: Path, *, summary: dict | None =
     out_dir.mkdir(parents=True, exist_ok=True)
     table = request_table(result.requests, result.ttft_target_ms, result.itl_target_ms)
     if summary is None:
-        summary = summarize(result, table=table)
+        summary = summarize(result, table=table, truth=truth)
     paths = {
         "summary": out_dir / "summary.json",
         "requests": out_dir / "requests.csv",

@@ -57,6 +57,9 @@ class PlannerPolicy:
         self._with_fpm = with_fpm
         self._last_counters = None
         self.ticks: list[dict] = []  # the tick records, as the service would store them
+        # Prefill's every forward pass, as the service's FPM subscriber receives them (decode's
+        # one per iteration would cost the simulator more than the planner learns from them).
+        self.record_fpm_roles: tuple[str, ...] = ("prefill",) if with_fpm else ()
 
     def initial(self) -> dict[str, int]:
         return dict(self._initial)
@@ -78,6 +81,7 @@ class PlannerPolicy:
                 ready=cluster.ready_counts(),
                 expected=dict(cluster.targets),
                 fpm=cluster.fpm_snapshot() if self._with_fpm else {},
+                fpm_records=cluster.take_fpm_records() if self._with_fpm else {},
             )
         )
         self.ticks.append(out.diagnostics)

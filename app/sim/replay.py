@@ -71,6 +71,8 @@ def load_models(config: ReplayConfig) -> tuple[PerfModel, TruthModel]:
         scale=sim.truth_scale,
         max_num_batched_tokens=d.prefill.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
         max_kv_tokens=d.decode.max_kv_tokens,
+        world=sim.truth,
+        max_num_seqs=d.decode.max_num_seqs,
     )
     return model, truth
 
@@ -141,6 +143,7 @@ def run_policy(
         startup_delay_s=sim.startup_delay_s,
         gpus_per_engine=world.gpus_per_engine,
         model_name=world.config.deployment.model_name or world.config.deployment.name,
+        record_roles=getattr(policy, "record_fpm_roles", ()),
     )
     decisions: list[DecisionEvent] = []
     next_tick = policy.first_tick_s()
@@ -220,6 +223,7 @@ def run_command(args: Any) -> int:
         startup_delay_s=args.startup_delay_s,
         truth_scale=args.truth_scale,
         truth_profile=args.truth_profile,
+        truth=args.truth,
         seed=args.seed,
         rate_scale=args.rate_scale,
         modes=args.modes,
@@ -258,7 +262,7 @@ def run_command(args: Any) -> int:
             bar.update(round(done_s) - bar.n)
 
         result = run_policy(world, policy, trace_name=trace.name, settings=settings, progress=progress)
-    summary = summarize(result)
+    summary = summarize(result, truth=world.truth)
     paths = write_outputs(result, Path(args.out), summary=summary)
     print(
         f"{result.policy}: {summary['requests']} requests, SLO attainment {summary['slo_attainment']:.1%}, "

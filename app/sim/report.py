@@ -322,9 +322,13 @@ def _header_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
             + f"), churn {summary['replica_churn']}",
         ),
         ("Requests (completed)", f"{summary['requests']} ({summary['completed']})"),
+        # Requests no allocation could serve in this world (their prompt or decode alone is too
+        # slow for the target): misses no policy could avoid. "–" when the run's world is unknown.
+        ("Unservable requests", _fmt(summary.get("unservable_requests"), "d")),
         (
-            "Startup delay / truth scale",
-            f"{_fmt(summary['startup_delay_s'], 'g')} s / ×{summary['truth_scale']:g}",
+            "Startup delay / truth scale (world)",
+            f"{_fmt(summary['startup_delay_s'], 'g')} s / ×{summary['truth_scale']:g}"
+            + (f" ({summary['truth']})" if summary.get("truth") else ""),
         ),
         (
             "Simulated / wall time",

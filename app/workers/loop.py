@@ -69,6 +69,8 @@ class Gathered:
     traffic_error: str | None = None
     fpm: dict[Role, dict] = field(default_factory=dict)
     fpm_new: dict[Role, list[ForwardPassMetrics]] = field(default_factory=dict)
+    # Per role: no record was dropped since the previous tick, so `fpm_new` is the engines' busy time.
+    fpm_complete: dict[Role, bool] = field(default_factory=dict)
     ready: dict[Role, int] | None = None
     fpm_sources: dict[str, Any] | None = None
 
@@ -116,6 +118,7 @@ class DeploymentWorker:
         self.connector = connector
         # One ForwardPassMetrics subscriber per role, started with the worker.
         self.fpm = fpm or {}
+        self._overflow: dict[Role, int] = {}  # each subscriber's overflow count at the last tick
         # Empty once the source answers and the connector validated the deployment.
         self.startup_problems: list[str] = []
         # The last observation's failure, if it failed: /readyz shows it until one succeeds.
@@ -168,6 +171,7 @@ class DeploymentWorker:
                     traffic_error=gathered.traffic_error,
                     fpm=gathered.fpm,
                     fpm_new=gathered.fpm_new,
+                    fpm_complete=gathered.fpm_complete,
                     ready=gathered.ready,
                 )
             )
@@ -266,6 +270,7 @@ class DeploymentWorker:
             traffic, error = await self._observe_traffic(needs.traffic_window_s)
         fpm: dict[Role, dict] = {}
         fpm_new: dict[Role, list[ForwardPassMetrics]] = {}
+        complete: dict[Role, bool] = {}
         sources: dict[str, Any] | None = None
         if needs.fpm:
             sources = {}
@@ -278,10 +283,14 @@ class DeploymentWorker:
                 # does not fill up and count them as overflow.
                 fpm_new[role] = subscriber.new_trainable_records()
                 snapshot = subscriber.snapshot()
+                # Complete only from the second tick on, and only when nothing overflowed since.
+                before = self._overflow.get(role)
+                complete[role] = before is not None and snapshot.trainable_overflow == before
+                self._overflow[role] = snapshot.trainable_overflow
                 fpm[role] = snapshot.records()
                 sources[role] = fpm_as_json(snapshot)
         ready = await self._ready_counts() if needs.fpm or needs.traffic_window_s is not None else None
-        return Gathered(traffic, error, fpm, fpm_new, ready, sources)
+        return Gathered(traffic, error, fpm, fpm_new, complete, ready, sources)
 
     async def run_tick(self, now: datetime) -> TickReport | None:
         gathered = await self.gather(now)

@@ -2,8 +2,9 @@
 
 Each test feeds `sla_step` 5 s ticks of traffic (a `TrafficSample` per tick), explicit ready and
 expected counts and, where the mechanism needs them, forward-pass records; it pins one mechanism
-with values recomputed here from the inputs through `app/core/sla/capacity.py` and the bundled H200
-profile. No benchmark or trace is involved.
+with values recomputed here from the inputs through `app/core/sla/capacity.py` and the learned
+iteration costs (`app/core/sla/latency.py`): the bundled H200 profile's prior until records come,
+then the state's own model. No benchmark or trace is involved.
 
 Unless a test is about the forecast, it runs with `trend=False`: growth and ramp then play no
 part, and the demand is the level (the rate of the last `level_window_s`, or the smoother
@@ -27,12 +28,13 @@ from app.core.perf.interpolation import PerfModel
 from app.core.sla.capacity import (
     Bucket,
     LengthMix,
+    PrefillSizing,
     decode_batch_limit,
     decode_concurrency,
-    prefill_capacity_tokens_s,
     prefill_engines,
 )
 from app.core.sla.demand import _growth_quantiles, _quantile_line
+from app.core.sla.latency import DecodeCost, LatencyModels, PrefillCost, prefill_features, prior_models
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState
 from app.core.sla.step import scale_down_window_s, sla_step
@@ -140,46 +142,71 @@ def level_rate(counts: list[float], settings: SlaSettings) -> float:
     return max(busiest, window_rate(counts, settings.trend_window_s))
 
 
+def prior_of(model: PerfModel, settings: SlaSettings) -> LatencyModels:
+    """The iteration costs a planner starts from: the profile's points as the prior."""
+    return prior_models(
+        model,
+        chunk_tokens=settings.chunk_tokens,
+        prior_records=settings.latency_prior_records,
+        caution_z=settings.latency_caution_z,
+        half_life_s=settings.latency_half_life_s,
+    )
+
+
+def prefill_sizing(
+    cost: PrefillCost,
+    settings: SlaSettings,
+    token_rate_s: float,
+    mix: LengthMix,
+    disp: float,
+    correction: float = 1.0,
+) -> PrefillSizing:
+    return prefill_engines(
+        cost,
+        token_rate_s=token_rate_s,
+        mix=mix,
+        ttft_target_ms=settings.ttft_target_ms,
+        quantile=settings.quantile,
+        max_utilisation=settings.prefill_max_utilisation,
+        max_engines=settings.bounds["prefill"].max_replicas,
+        dispersion=disp,
+        correction=correction,
+    )
+
+
 def prefill_wish(
     model: PerfModel,
     settings: SlaSettings,
     token_rate_s: float,
     mix: LengthMix,
     disp: float,
-    scale: float = 1.0,
+    cost: PrefillCost | None = None,
 ) -> int:
-    return prefill_engines(
-        model,
-        token_rate_s=token_rate_s,
-        mix=mix,
-        ttft_target_ms=settings.ttft_target_ms,
-        chunk_tokens=settings.chunk_tokens,
-        scale=scale,
-        quantile=settings.quantile,
-        max_utilisation=settings.prefill_max_utilisation,
-        max_engines=settings.bounds["prefill"].max_replicas,
-        dispersion=disp,
-    ).engines
+    """The prefill count for this demand on `cost` (the cold-start prior unless given)."""
+    cost = cost or prior_of(model, settings).prefill
+    return prefill_sizing(cost, settings, token_rate_s, mix, disp).engines
 
 
-def batch_limit(model: PerfModel, settings: SlaSettings, scale: float) -> int:
+def batch_limit(model: PerfModel, settings: SlaSettings, cost: DecodeCost | None = None) -> int:
     return decode_batch_limit(
-        model,
+        cost or prior_of(model, settings).decode,
         isl_tokens=ISL,
         osl_tokens=OSL,
         itl_target_ms=settings.itl_target_ms * settings.decode_itl_margin,
-        scale=scale,
         max_kv_tokens=settings.max_kv_tokens,
+        max_num_seqs=settings.max_num_seqs,
     )
 
 
-def decode_wish(model: PerfModel, settings: SlaSettings, rate: float, disp: float) -> int:
+def decode_wish(
+    model: PerfModel, settings: SlaSettings, rate: float, disp: float, cost: DecodeCost | None = None
+) -> int:
     """Little's law at the ITL target, at the `decode_peak_quantile` of the requests in flight
     (normal approximation, variance mean × dispersion), over the batch meeting the ITL."""
     mean = decode_concurrency(request_rate_s=rate, osl_tokens=OSL, itl_target_ms=settings.itl_target_ms)
     z = NormalDist().inv_cdf(settings.decode_peak_quantile)
     peak = mean + z * math.sqrt(mean * disp)
-    return math.ceil(peak / batch_limit(model, settings, 1.0))
+    return math.ceil(peak / batch_limit(model, settings, cost))
 
 
 # --- forward-pass records -------------------------------------------------------------------------
@@ -240,19 +267,15 @@ def test_a_burst_raises_prefill_on_the_very_next_tick(h200: PerfModel) -> None:
     # 36 identical counts then one 500 higher: the differences are 35 zeros and one 500, whose
     # median absolute deviation is 0: one step is a change of level, not burstiness.
     assert disp == 1.0
-    sizing = prefill_engines(
-        h200,
-        token_rate_s=rate * ISL,
-        mix=mix,
-        ttft_target_ms=settings.ttft_target_ms,
-        chunk_tokens=CHUNK,
-        scale=1.0,
-        quantile=settings.quantile,
-        max_utilisation=settings.prefill_max_utilisation,
-        max_engines=32,
-        dispersion=disp,
-    )
-    assert (steady_wish, sizing.engines) == (2, 4)  # pinned on the H200 profile
+    # No forward pass is fed: the costs are the cold-start prior's throughout.
+    prior = prior_of(h200, settings).prefill
+    sizing = prefill_sizing(prior, settings, rate * ISL, mix, disp)
+    # Pinned on the H200 prior: 40,000 then 140,000 tokens/s at 36,231 tokens/s per engine (the
+    # prior's line read 2σ high: 55.2 ms per 2000-token prompt), which the 500 ms target lets
+    # run at the 0.9 cap: 40000 / 32608 = 1.2 -> 2 and 140000 / 32608 = 4.3 -> 5. (The old
+    # profile × scale formula's 48,191 tokens/s per engine gave (2, 4).)
+    assert (steady_wish, sizing.engines) == (2, 5)
+    assert sizing.engines == math.ceil(rate * ISL / (ISL / prior.busy_s(ISL) * 0.9))
     assert result.reason == SlaReason.SCALE_UP
     assert result.replicas == {"prefill": sizing.engines}
     roles = result.diagnostics["roles"]["prefill"]
@@ -260,7 +283,8 @@ def test_a_burst_raises_prefill_on_the_very_next_tick(h200: PerfModel) -> None:
     assert result.diagnostics["demand"]["token_rate_s"] == round(rate * ISL, 1)
     assert result.diagnostics["demand"]["dispersion"] == round(disp, 2)
     # Never sized for 100%: at the chosen count each engine runs at most at the cap.
-    capacity = prefill_capacity_tokens_s(h200, chunk_tokens=CHUNK, scale=1.0)
+    capacity = ISL / prior.busy_s(ISL)
+    assert roles["capacity_tokens_s"] == round(capacity, 1)
     assert sizing.utilisation == pytest.approx(rate * ISL / (sizing.engines * capacity), rel=1e-12)
     assert sizing.utilisation <= settings.prefill_max_utilisation
     assert roles["utilisation"] == round(sizing.utilisation, 3)
@@ -271,7 +295,9 @@ def test_a_burst_raises_prefill_on_the_very_next_tick(h200: PerfModel) -> None:
     rate = level_rate(run.counts, settings)
     assert rate == 2 * burst / 10.0
     second = prefill_wish(h200, settings, rate * ISL, mix, dispersion(run.counts))
-    assert (first, second) == (4, 6)  # 70 req/s, then 120 req/s: pinned on the H200 profile
+    # 70 req/s, then 120 req/s: pinned on the H200 prior (240000 / 32608 = 7.4 -> 8; the old
+    # formula gave (4, 6)).
+    assert (first, second) == (5, 8)
     assert (result.replicas, result.reason) == ({"prefill": second}, SlaReason.SCALE_UP)
 
 
@@ -279,22 +305,28 @@ def test_a_burst_raises_prefill_on_the_very_next_tick(h200: PerfModel) -> None:
 
 
 def drain_batches(target: int) -> list[int]:
-    """What the decode engines hold: before any scale-down 4 engines with 22 requests each; once
+    """What the decode engines hold: before any scale-down 3 engines with 30 requests each; once
     the target went down, the drained engines' requests sit on the first engine (a large batch,
-    100, close to the batch limit of 108 at the ITL margin) and one more engine keeps 20."""
-    return [22] * 4 if target >= 4 else [100, 20]
+    100) and one more engine, still draining, keeps 20."""
+    return [30] * 3 if target >= 3 else [100, 20]
 
 
 def test_b_decode_scale_down_waits_for_the_window_then_takes_its_highest_wish(h200: PerfModel) -> None:
-    # The drain below is built around a batch limit of 108: the limit at 95% of the ITL target.
     # The window is two leads here (the default is a fixed 60 s), so that it is long enough to
     # watch both holds.
     settings = settings_for(h200, ("decode",), decode_itl_margin=0.95, scale_down_window_leads=2.0)
     high, low = 500.0, 150.0  # 100 req/s for a minute, then 30 req/s
-    limit = batch_limit(h200, settings, 1.0)
-    high_wish = decode_wish(h200, settings, high / TICK_S, 1.0)
-    low_wish = decode_wish(h200, settings, low / TICK_S, 1.0)
-    assert (limit, high_wish, low_wish) == (108, 4, 2)  # pinned on the H200 profile
+    # The records are the profile's ITL for their batch (the world is the profile): each tick's
+    # are learned, so the batch limit is the state's model's, not the cold-start prior's. After
+    # the first tick's records (three of 30 requests in 9.6 ms, where the prior reads its line 2σ
+    # high), the limit at 95% of the ITL target is above the prior's 119.
+    prior = prior_of(h200, settings)
+    first = prior.observed("decode", decode_fpm(h200, drain_batches(3))["decode"].values(), TICK_S).decode
+    high_wish = decode_wish(h200, settings, high / TICK_S, 1.0, cost=first)
+    assert batch_limit(h200, settings) == 119
+    assert batch_limit(h200, settings, first) == 129
+    # 100 req/s: 338 requests in flight at the 0.99 peak quantile, 3 engines of 129.
+    assert high_wish == 3
     run = Run(h200, settings, expected={"decode": high_wish})
     wishes: list[tuple[float, int]] = []
     first_s = TICK_S
@@ -306,9 +338,10 @@ def test_b_decode_scale_down_waits_for_the_window_then_takes_its_highest_wish(h2
         result = run.tick(num_req, fpm=decode_fpm(h200, drain_batches(before)))
         decode = result.diagnostics["roles"]["decode"]
         wishes.append((run.now_s, decode["wish"]))
-        # The records' wall times are the profile's for their batch, large or not: the world is
-        # the profile, whatever the consolidation did to the latency users see.
+        # The records' wall times are the profile's for their batch, large or not: the scale
+        # (a diagnostic now) stays 1, and the limit is the learned model's.
         assert run.state.scale["decode"] == 1.0
+        limit = batch_limit(h200, settings, run.state.latency.decode)  # type: ignore[union-attr]
         assert decode["batch_limit"] == limit
         # The requests held never exceed the traffic's need here: the wish follows the traffic.
         assert math.ceil(decode["held_now"] / limit) <= decode["wish"]
@@ -350,9 +383,11 @@ def test_b_decode_scale_down_waits_for_the_window_then_takes_its_highest_wish(h2
     first_down = next(t for t, r in reasons if r == SlaReason.SCALE_DOWN)
     assert first_down == max(t for t, w in wishes if w >= held) + window_s + TICK_S
     # Once the drop has left the lookback the dispersion is back to 1: the target is the low
-    # traffic's own count.
+    # traffic's own count, on the model learned by then (30 req/s: 111 requests in flight at the
+    # peak quantile, one engine's batch).
+    low_wish = decode_wish(h200, settings, low / TICK_S, 1.0, cost=run.state.latency.decode)  # type: ignore[union-attr]
     assert run.results[-1].diagnostics["demand"]["dispersion"] == 1.0
-    assert wishes[-1][1] == low_wish
+    assert wishes[-1][1] == low_wish == 1
     assert run.expected == {"decode": low_wish}
 
 
@@ -381,9 +416,18 @@ def test_b_decode_scale_follows_slower_iterations_by_ewma(h200: PerfModel) -> No
         assert result.diagnostics["scale_samples"] == {"decode": 2}
     # 1.0, then 1.06, 1.102, 1.1314, ...: towards 1.2, never past it.
     assert scale == pytest.approx(1.2 - 0.2 * 0.7**6, rel=1e-12)
+    # The scale is a diagnostic now: the batch limit is the learned model's (14 records of 60
+    # requests in 15.4 ms, and the prior), and iterations slower than the profile lower it below
+    # that of the same ticks at the profile's speed (12.9 ms).
     decode = result.diagnostics["roles"]["decode"]
-    assert decode["batch_limit"] == batch_limit(h200, settings, run.state.scale["decode"])
-    assert decode["batch_limit"] < batch_limit(h200, settings, 1.0)
+    assert decode["batch_limit"] == batch_limit(h200, settings, run.state.latency.decode)  # type: ignore[union-attr]
+    same = Run(h200, settings, expected={"decode": 2})
+    for _ in range(7):
+        same.tick(150.0, fpm=decode_fpm(h200, [60, 60], ratio=1.0))
+    assert (decode["batch_limit"], same.results[-1].diagnostics["roles"]["decode"]["batch_limit"]) == (
+        127,
+        145,
+    )
 
 
 def test_b_scale_ratio_is_clamped_then_smoothed(h200: PerfModel) -> None:
@@ -409,34 +453,62 @@ def test_b_scale_takes_the_median_of_fresh_records_only(h200: PerfModel) -> None
     result = run.tick(150.0, fpm={"decode": records})
     assert run.state.scale["decode"] == pytest.approx(1.2, rel=1e-12)
     assert result.diagnostics["scale_samples"] == {"decode": 3}
+    # Without `fpm_new`, the latency model learns each engine's latest record when it is new.
+    assert result.diagnostics["latency"]["decode"]["learned_now"] == 3
+    assert result.diagnostics["latency"]["decode"]["records"] == 3
     # The same records again (no new iteration reported): nothing folded, the scale stays.
     result = run.tick(150.0, fpm={"decode": records})
     assert run.state.scale["decode"] == pytest.approx(1.2, rel=1e-12)
     assert result.diagnostics["scale_samples"] == {"decode": 0}
+    assert result.diagnostics["latency"]["decode"]["learned_now"] == 0
+    assert result.diagnostics["latency"]["decode"]["records"] == 3
 
 
-def test_prefill_scale_and_backlog_enter_the_prefill_wish(h200: PerfModel) -> None:
-    # A prefill world 1.5× slower than the profile, and 2.4 M prompt tokens queued: the queue
-    # must be cleared within the lead (the startup estimate, 120 s, nothing measured yet).
+def test_learned_prefill_iterations_and_the_backlog_enter_the_prefill_wish(h200: PerfModel) -> None:
+    # A prefill world 1.5× slower than the profile (a full chunk in 255 ms, the profile says
+    # 170), and 6 M prompt tokens queued: the queue must be cleared within the lead (the startup
+    # estimate, 120 s, nothing measured yet).
     settings = settings_for(h200, ("prefill",))
     run = Run(h200, settings, expected={"prefill": 1})
-    fpm = {"prefill": {("p0", 0): prefill_record(h200, "p0", ratio=1.5, queued_tokens=2_400_000)}}
+    fpm = {"prefill": {("p0", 0): prefill_record(h200, "p0", ratio=1.5, queued_tokens=6_000_000)}}
     result = run.tick(100.0, fpm=fpm)
-    assert run.state.scale["prefill"] == pytest.approx(1.5, rel=1e-12)
-    backlog = 2_400_000 / max(settings.startup_estimate_s, settings.level_window_s)
+    assert run.state.scale["prefill"] == pytest.approx(1.5, rel=1e-12)  # a diagnostic
+    # The one record is learned (no `fpm_new`: the engine's latest record, new). Worth 1
+    # against the prior's 10, it moves the chunk's cost part of the way from the prior's line
+    # (169 ms) towards the world's 255 ms.
+    learned = run.state.latency.prefill  # type: ignore[union-attr]
+    prior = prior_of(h200, settings).prefill
+    assert result.diagnostics["latency"]["prefill"]["learned_now"] == 1
+    assert prior.model.mean_ms(prefill_features(CHUNK, 0)) < learned.iteration_ms(CHUNK) < 255.0
+    assert learned.iteration_ms(CHUNK) == pytest.approx(184.98, rel=1e-4)
+    backlog = 6_000_000 / max(settings.startup_estimate_s, settings.level_window_s)
     token_rate = 100.0 / TICK_S * ISL + backlog
-    expected = prefill_wish(
-        h200, settings, token_rate, LengthMix.uniform(ISL), 1.0, scale=run.state.scale["prefill"]
-    )
+    expected = prefill_wish(h200, settings, token_rate, LengthMix.uniform(ISL), 1.0, cost=learned)
     prefill = result.diagnostics["roles"]["prefill"]
-    assert prefill["backlog_tokens_s"] == round(backlog, 1) == 20_000.0
-    assert prefill["queued_tokens"] == 2_400_000
-    assert prefill["capacity_tokens_s"] == round(
-        prefill_capacity_tokens_s(h200, chunk_tokens=CHUNK, scale=run.state.scale["prefill"]), 1
-    )
+    assert prefill["backlog_tokens_s"] == round(backlog, 1) == 50_000.0
+    assert prefill["queued_tokens"] == 6_000_000
+    assert prefill["capacity_tokens_s"] == round(ISL / learned.busy_s(ISL), 1)
     assert result.replicas == {"prefill": expected}
-    # Without the queue and at the profile's speed, fewer engines would do.
-    assert prefill_wish(h200, settings, 100.0 / TICK_S * ISL, LengthMix.uniform(ISL), 1.0) < expected
+    # 90,000 tokens/s: 3 engines; the traffic alone (40,000 tokens/s) would need 2.
+    no_queue = prefill_wish(h200, settings, 100.0 / TICK_S * ISL, LengthMix.uniform(ISL), 1.0, cost=learned)
+    assert (expected, no_queue) == (3, 2)
+
+
+def test_max_num_seqs_caps_the_decode_batch(h200: PerfModel) -> None:
+    # The cold-start limit at 20 ms is above 64 requests; an engine that schedules at most 64
+    # holds no more, and 60 req/s (179 requests in flight, 210 at the 0.99 peak quantile) then
+    # need 4 engines, not 2.
+    free = settings_for(h200, ("decode",))
+    capped = settings_for(h200, ("decode",), max_num_seqs=64)
+    assert batch_limit(h200, free) > 64
+    results = {}
+    for name, settings in (("free", free), ("capped", capped)):
+        run = Run(h200, settings, expected={"decode": 1})
+        results[name] = run.tick(300.0).diagnostics["roles"]["decode"]
+    assert results["capped"]["batch_limit"] == 64
+    assert results["free"]["batch_limit"] == batch_limit(h200, free)
+    assert results["capped"]["wish"] == math.ceil(results["capped"]["in_flight_at_target"] / 64)
+    assert (results["free"]["wish"], results["capped"]["wish"]) == (2, 4)
 
 
 # --- c. a long-prompt mix -------------------------------------------------------------------------
@@ -463,10 +535,21 @@ def test_c_a_long_prompt_mix_needs_more_prefill_than_its_mean_suggests(h200: Per
     assert mix.mean == ISL
     assert mix.quantile == pytest.approx(32768 + 32768 * 2 / 3, rel=1e-12)  # rank 99 of 100
     uniform_engines = prefill_wish(h200, settings, token_rate, LengthMix.uniform(ISL), 1.0)
-    mix_engines = prefill_wish(h200, settings, token_rate, mix, 1.0)
-    assert (uniform_engines, mix_engines) == (1, 3)  # pinned on the H200 profile
+    prior = prior_of(h200, settings).prefill
+    mix_sizing = prefill_sizing(prior, settings, token_rate, mix, 1.0)
+    # Pinned on the H200 prior: 40,000 tokens/s of 2000-token prompts need the cap's 2 at
+    # 36,231 tokens/s per engine (the old formula's 48,191 needed 1); the long mix needs 4 (3).
+    assert (uniform_engines, mix_sizing.engines) == (2, 4)
+    # Of the mix's points (two per bucket, rescaled to the mean 2000 by 2000/1971.2), the
+    # longest, 57344 × 1.0146 = 58,182 tokens, takes longer than the 2 s target alone (the
+    # longest servable is 46,208): its 1.5% are unservable and left out of the count.
+    assert mix_sizing.longest_servable_tokens == 46208
+    assert mix_sizing.unservable_share == pytest.approx(0.015, rel=1e-12)
+    assert mix_sizing.meets_target is True
     assert uniform_result.replicas == {"prefill": uniform_engines}
-    assert mix_result.replicas == {"prefill": mix_engines}
+    assert mix_result.replicas == {"prefill": mix_sizing.engines}
+    assert mix_result.diagnostics["roles"]["prefill"]["unservable_share"] == 0.015
+    assert mix_result.diagnostics["roles"]["prefill"]["unservable_rate_s"] == round(0.015 * 20.0, 3)
     assert (
         uniform_result.diagnostics["demand"]["token_rate_s"]
         == mix_result.diagnostics["demand"]["token_rate_s"]
@@ -537,7 +620,7 @@ def test_d_no_traffic_and_no_model(h200: PerfModel) -> None:
 def test_e_lead_is_measured_from_order_to_ready(h200: PerfModel) -> None:
     settings = settings_for(h200, ("prefill",), scale_down_window_leads=2.0)
     need = prefill_wish(h200, settings, 100.0 / TICK_S * ISL, LengthMix.uniform(ISL), 1.0)
-    assert need == 2  # an order above the single engine running (pinned on the H200 profile)
+    assert need == 2  # an order above the single engine running (pinned on the H200 prior, as before)
     run = Run(h200, settings, expected={"prefill": 1})
     result = run.tick(100.0, ready={"prefill": 1})
     ordered_s = run.now_s
@@ -672,13 +755,20 @@ def test_a_nothing_goes_down_until_the_headroom_is_learned(h200: PerfModel) -> N
     settings = settings_for(h200, ("prefill",), trend=True)
     run = Run(h200, settings, expected={"prefill": 8})
     learned_at = None
+    wishes: list[tuple[float, int]] = []
     while learned_at is None:
         result = run.tick(100.0)
         demand = result.diagnostics["demand"]
+        wishes.append((run.now_s, result.diagnostics["roles"]["prefill"]["wish"]))
         if demand["growth_learned"]:
             learned_at = run.now_s
             assert result.reason == SlaReason.SCALE_DOWN
-            assert result.replicas == {"prefill": result.diagnostics["roles"]["prefill"]["wish"]}
+            # Down to the highest wish of the window: the cold headroom's 64,000 tokens/s wished 3
+            # (at 2 engines, 88% busy, more than 1% would wait past the target), the learned x1
+            # wishes 2 (40,000 tokens/s), the window keeps the 3.
+            window = [w for t, w in wishes if t >= run.now_s - settings.scale_down_window_s]
+            assert (max(window), wishes[-1][1]) == (3, 2)
+            assert result.replicas == {"prefill": 3}
         else:
             assert (result.replicas, result.reason) == ({"prefill": 8}, SlaReason.HOLD)
             if run.now_s - TICK_S >= settings.scale_down_window_s:

@@ -35,6 +35,12 @@ def test_every_scaling_field_reaches_the_settings_with_its_value(tmp_path: Path)
         "growth_neighbour_share": 0.5,
         "growth_regression": False,
         "cold_start_growth": 2.0,
+        "latency_prior_records": 25.0,
+        "latency_half_life_s": 300.0,
+        "latency_caution_z": 1.0,
+        "busy_check_min": 0.7,
+        "quiet_fraction": 0.05,
+        "quiet_keep_probability": 0.4,
     }
     defaults = ScalingConfig()
     assert set(given) | {"interval_s"} == set(ScalingConfig.model_fields)

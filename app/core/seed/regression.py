@@ -115,12 +115,19 @@ class _Regression:
         self._fit: Fit | None = None
         self._fit_reason: str | None = None
         self._fitted = False  # the cached fit (or refusal) matches the samples
+        # Each sample's bucket under the current bounds, and the buckets' counts (None: the
+        # bounds widened since, rebuilt when next needed). Retiring a sample then costs one scan,
+        # not a re-bucketing of every sample.
+        self._keys: list[tuple[int, ...]] | None = None
+        self._counts: Counter[tuple[int, ...]] = Counter()
 
     def copy(self) -> Self:
         """An independent copy for one tick to train (the planner commits it once the tick is
         stored). Samples and fits are immutable and shared; the containers are copied."""
         new = copy.copy(self)
         new._samples, new._lo, new._hi = list(self._samples), list(self._lo), list(self._hi)
+        new._keys = list(self._keys) if self._keys is not None else None
+        new._counts = Counter(self._counts)
         for name, value in vars(self).items():
             if isinstance(value, MovingAverage):
                 setattr(new, name, value.copy())
@@ -150,9 +157,15 @@ class _Regression:
             return False
         self._update_averages(fpm.scheduled)
         for i, v in enumerate(x):
+            if v < self._lo[i] or v > self._hi[i]:
+                self._keys = None  # the bounds widen: every sample's bucket may move
             self._lo[i] = min(self._lo[i], v)
             self._hi[i] = max(self._hi[i], v)
         self._samples.append(Sample(self._seq, x, float(fpm.wall_time_s)))
+        if self._keys is not None:
+            key = self.bucket_of(x)
+            self._keys.append(key)
+            self._counts[key] += 1
         self._seq += 1
         if len(self._samples) > self.max_samples:
             self._retire_one()
@@ -180,14 +193,20 @@ class _Regression:
         return dict(Counter(self.bucket_of(s.x) for s in self._samples))
 
     def _retire_one(self) -> None:
-        keys = [self.bucket_of(s.x) for s in self._samples]
-        counts = Counter(keys)
+        if self._keys is None:
+            self._keys = [self.bucket_of(s.x) for s in self._samples]
+            self._counts = Counter(self._keys)
+        keys, counts = self._keys, self._counts
         fullest = max(counts.values())
         # Samples are oldest first, so the first one in a fullest bucket is that bucket's oldest;
         # between equally full buckets the one holding the older sample loses it.
         for i, key in enumerate(keys):
             if counts[key] == fullest:
                 del self._samples[i]
+                del keys[i]
+                counts[key] -= 1
+                if not counts[key]:
+                    del counts[key]
                 return
 
     # --- fit ---------------------------------------------------------------------------------

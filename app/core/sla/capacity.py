@@ -1,28 +1,26 @@
-"""How many engines a role needs for its latency target, from the profile and the load.
+"""How many engines a role needs for its latency target, from the learned iteration costs
+(app/core/sla/latency.py) and the load.
 
 The formulas of SLA scaling (`app/core/sla/step.py`), kept apart so that each can be checked
 on its own:
 
-- **Prefill**: an engine computes prompts in chunks of up to `max_num_batched_tokens`; saturated,
-  it processes `chunk ÷ TTFT(chunk)` tokens per second. A request's TTFT is the time it waits
-  plus its own prefill. Routing to the least-loaded engine pools the `c` engines into one queue
-  served `c` times as fast; the Pollaczek-Khinchine mean wait of that M/G/1 queue uses the second
-  moment of the prompt lengths (a long-prompt mix needs more engines than its mean suggests),
-  multiplied by the arrivals' index of dispersion (bursts wait like fewer, larger requests:
-  M^X/G/1), and the wait's tail is the usual exponential approximation
-  `P(W > x) ≈ ρ·exp(−x·ρ / E[W])`. The fewest engines whose `quantile` wait plus the prefill of
-  a `quantile`-length prompt fits the target, at no more than `max_utilisation`.
+- **Prefill**: each prompt length L of the mix costs its engine time (`PrefillCost.busy_s`: its
+  chunks alone, or sharing the fixed cost of full chunks when the engines are seen to pack
+  prompts), and its TTFT is the time it waits plus its prefill alone (`alone_s`). Routing to the
+  least-loaded engine pools the `c` engines into one queue served `c` times as fast; the
+  Pollaczek-Khinchine mean wait of that M/G/1 queue uses the second moment of the engine times
+  (a long-prompt mix needs more engines than its mean suggests), multiplied by the arrivals'
+  index of dispersion (bursts wait like fewer, larger requests: M^X/G/1), and the wait's tail is
+  the usual exponential approximation `P(W > x) ≈ ρ·exp(−x·ρ / E[W])`. The fewest engines at
+  which at most `1 − quantile` of the servable requests wait longer than the target less their
+  own prefill, at no more than `max_utilisation`. Prompts no count can serve (prefill alone above
+  the target) are counted apart.
 - **Decode**: Little's law at the ITL target. A request of `osl` tokens decodes for
   `(osl − 1) × ITL`; at the target, the arrival rate λ keeps `λ × (osl − 1) × ITL` requests in
   flight on average, and a quantile of that count is sized for (`peak_concurrency`: an M^X/G/∞
-  count, variance = mean × dispersion). One engine holds the largest batch whose iteration (the
-  profile's ITL surface, at the batch's context) meets the target and whose KV fits: throughput
-  and latency come from the same surface, so they cannot disagree. The search bisects, taking
-  the ITL to grow with the batch; the interpolated surface is not strictly monotonic, so the
-  limit can be off by a few requests where it is not.
-
-`scale` is the world's latency over the profile's (1.2: everything 20% slower), as measured from
-the engines' own iterations; every latency below is the profile's × `scale`.
+  count, variance = mean × dispersion). One engine holds the largest batch whose learned
+  iteration time (at the batch's context) meets the target, whose KV fits and which the engine
+  schedules at once (`max_num_seqs`).
 """
 
 from __future__ import annotations
@@ -32,7 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from app.core.perf.interpolation import PerfModel
+import numpy as np
+
+from app.core.sla.latency import DecodeCost, PrefillCost
 
 # (upper bound in tokens, requests) of one ISL histogram bucket; the last bound may be inf.
 Bucket = tuple[float, float]
@@ -40,35 +40,39 @@ Bucket = tuple[float, float]
 
 @dataclass(frozen=True)
 class LengthMix:
-    """Prompt lengths as the prefill formula needs them."""
+    """Prompt lengths as the prefill formula needs them: the mean, the sizing quantile and the
+    distribution as weighted points (two per histogram bucket, at its quarter and three quarters,
+    rescaled so that their mean is the exact one)."""
 
     mean: float
     second_moment: float  # E[isl²]
     quantile: float  # the prompt length at the sizing quantile
+    points: tuple[tuple[float, float], ...] = ()  # (length, weight)
 
     @classmethod
     def uniform(cls, isl: float) -> LengthMix:
-        return cls(isl, isl * isl, isl)
+        return cls(isl, isl * isl, isl, ((isl, 1.0),) if isl > 0 else ())
 
     @classmethod
     def from_histogram(cls, buckets: list[Bucket], mean: float, q: float) -> LengthMix:
-        """Moments from histogram buckets (each taken at the middle of its range, rescaled so the
-        mean is the exact one) and the `q` quantile (interpolated inside its bucket; the open last
-        bucket is taken to end at twice its lower bound: no better is known)."""
+        """Points from histogram buckets (the open last bucket is taken to end at twice its lower
+        bound: no better is known) and the `q` quantile (interpolated inside its bucket, as
+        PromQL's histogram_quantile)."""
         total = sum(count for _, count in buckets)
         if total <= 0 or mean <= 0:
             return cls.uniform(max(mean, 0.0))
-        mids: list[tuple[float, float]] = []
+        raw: list[tuple[float, float]] = []
         lower = 0.0
         for upper, count in buckets:
             top = upper if math.isfinite(upper) else 2 * lower
             if count > 0:
-                mids.append(((lower + top) / 2, count))
+                for f in (0.25, 0.75):
+                    raw.append((lower + (top - lower) * f, count / 2))
             lower = upper if math.isfinite(upper) else lower
-        raw_mean = sum(m * c for m, c in mids) / total
+        raw_mean = sum(m * c for m, c in raw) / total
         k = mean / raw_mean if raw_mean > 0 else 1.0
-        second = sum((m * k) ** 2 * c for m, c in mids) / total
-        # The quantile by linear interpolation inside its bucket, as PromQL's histogram_quantile.
+        points = tuple((m * k, c / total) for m, c in raw)
+        second = sum(m * m * w for m, w in points)
         rank, seen, lower, quantile = q * total, 0.0, 0.0, mean
         for upper, count in buckets:
             top = upper if math.isfinite(upper) else 2 * lower
@@ -77,19 +81,7 @@ class LengthMix:
                 break
             seen += count
             lower = upper if math.isfinite(upper) else lower
-        return cls(mean, max(second, mean * mean), max(quantile, mean))
-
-
-def prefill_capacity_tokens_s(model: PerfModel, *, chunk_tokens: int, scale: float) -> float:
-    """Prompt tokens per second of one saturated prefill engine."""
-    return chunk_tokens / (model.prefill_ttft_ms(chunk_tokens) * scale / 1000.0)
-
-
-def prefill_service_s(model: PerfModel, isl_tokens: float, *, chunk_tokens: int, scale: float) -> float:
-    """One prompt alone on an idle engine: its full chunks, then the rest."""
-    full, rest = divmod(max(isl_tokens, 1.0), chunk_tokens)
-    ms = full * model.prefill_ttft_ms(chunk_tokens) + (model.prefill_ttft_ms(rest) if rest >= 1 else 0.0)
-    return ms * scale / 1000.0
+        return cls(mean, max(second, mean * mean), max(quantile, mean), points)
 
 
 @dataclass(frozen=True)
@@ -97,50 +89,101 @@ class PrefillSizing:
     engines: int
     utilisation: float  # per engine, at that count
     wait_s: float  # the quantile wait at that count
-    service_s: float  # prefill of a quantile-length prompt
-    capacity_tokens_s: float  # per engine
-    meets_target: bool  # False: even max_engines do not meet it (the count is then max_engines)
+    service_s: float  # prefill alone of a quantile-length servable prompt
+    capacity_tokens_s: float  # per engine, saturated, at this mix
+    meets_target: bool  # False: no count up to max_engines meets it (the count: the fewest near the best)
+    miss_share: float  # of the servable requests, the share expected to miss the target at that count
+    unservable_share: float  # requests whose prefill alone exceeds the target: no count serves them
+    longest_servable_tokens: int
 
 
 def prefill_engines(
-    model: PerfModel,
+    cost: PrefillCost,
     *,
     token_rate_s: float,
     mix: LengthMix,
     ttft_target_ms: float,
-    chunk_tokens: int,
-    scale: float,
     quantile: float = 0.99,
     max_utilisation: float = 0.9,
     max_engines: int = 1024,
     dispersion: float = 1.0,
+    correction: float = 1.0,
 ) -> PrefillSizing:
-    capacity = prefill_capacity_tokens_s(model, chunk_tokens=chunk_tokens, scale=scale)
-    service_s = prefill_service_s(model, mix.quantile, chunk_tokens=chunk_tokens, scale=scale)
-    budget_s = ttft_target_ms / 1000.0 - service_s
-    if token_rate_s <= 0 or mix.mean <= 0:
-        return PrefillSizing(0, 0.0, 0.0, service_s, capacity, budget_s >= 0)
-    mean_s = mix.mean / capacity
-    second_s2 = mix.second_moment / capacity**2
-    request_rate = token_rate_s / mix.mean
-    wait_s = math.inf
-    start = max(1, math.ceil(token_rate_s / (capacity * max_utilisation)))
+    """The fewest engines at which at most `1 − quantile` of the servable requests miss the TTFT
+    target. A request of length L misses when its wait exceeds the target less its own prefill,
+    so the share missing is Σ_L P(L)·P(W > target − alone(L)): a long prompt has little room to
+    wait, a short one much. Prompts whose prefill alone exceeds the target are unservable: counted,
+    and left out (no count serves them, so they must not drive the count up). `correction`
+    (≤ 1 when the engines were busier than the model said) divides every engine time."""
+    target_s = ttft_target_ms / 1000.0
+    # The correction divides every engine time, so the longest servable prompt is the longest
+    # whose uncorrected prefill fits the target times the correction.
+    longest = cost.longest_within_s(target_s * correction)
+    points = mix.points or ((mix.mean, 1.0),)
+    lengths = np.array([length for length, _ in points])
+    weights = np.array([w for _, w in points])
+    weights = weights / weights.sum()
+    alone = np.array([cost.alone_s(length) for length in lengths]) / correction
+    busy = np.array([cost.busy_s(length) for length in lengths]) / correction
+    servable = lengths <= longest
+    unservable = float(weights[~servable].sum())
+    mean_len = float(weights @ lengths)
+    mean_s = float(weights @ busy)
+    capacity = mean_len / mean_s if mean_s > 0 else 0.0
+    q_len = mix.quantile if mix.quantile <= longest else float(lengths[servable].max(initial=0.0))
+    service_s = cost.alone_s(q_len) / correction if q_len > 0 else 0.0
+    if token_rate_s <= 0 or mean_len <= 0:
+        return PrefillSizing(0, 0.0, 0.0, service_s, capacity, True, 0.0, unservable, longest)
+    request_rate = token_rate_s / mean_len
+    start = max(1, math.ceil(request_rate * mean_s / max_utilisation))
+    if not servable.any():
+        # Every prompt misses whatever the count: the engines still have to compute them.
+        rho = request_rate * mean_s / start
+        return PrefillSizing(start, rho, math.inf, service_s, capacity, False, 1.0, unservable, longest)
+    sw = weights[servable] / weights[servable].sum()
+    budgets = target_s - alone[servable]
+    second_s2 = float(weights @ busy**2) * max(dispersion, 1.0)
+    allowed = 1.0 - quantile
+    tried: list[tuple[int, float, float, float]] = []  # (count, rho, mean wait, miss share)
     for c in range(start, max_engines + 1):
-        rho = request_rate / c * mean_s
         # Routing to the least-loaded engine pools the c engines into one server c times as
-        # fast (service time S/c, so E[S²]/c²). Arrivals in bursts (index of dispersion of the
-        # counts above 1) wait like fewer, larger requests: E[S²] grows by that factor (M^X/G/1).
-        wait_s = _quantile_wait_s(request_rate, rho, second_s2 * max(dispersion, 1.0) / c**2, quantile)
-        if wait_s <= budget_s:
-            return PrefillSizing(c, rho, wait_s, service_s, capacity, True)
-    rho = request_rate / max_engines * mean_s
-    return PrefillSizing(max_engines, rho, wait_s, service_s, capacity, False)
+        # fast (E[S]/c, E[S²]/c²); bursts (dispersion above 1) wait like larger requests (M^X/G/1).
+        rho = request_rate * mean_s / c
+        mean_wait = _mean_wait_s(request_rate, rho, second_s2 / c**2)
+        miss = float(sw @ _tail(rho, mean_wait, budgets))
+        if miss <= allowed:
+            wait_s = _wait_quantile_s(rho, mean_wait, quantile)
+            return PrefillSizing(c, rho, wait_s, service_s, capacity, True, miss, unservable, longest)
+        tried.append((c, rho, mean_wait, miss))
+    if not tried:  # the utilisation bound is above max_engines
+        rho = request_rate * mean_s / max_engines
+        return PrefillSizing(max_engines, rho, math.inf, service_s, capacity, False, 1.0, unservable, longest)
+    # Nothing meets it: the fewest engines within one allowance of the best any count does.
+    # Where the load is the limit that is near max_engines; where the prompts near the longest
+    # servable are (their budget to wait is all but nothing), more engines barely help, and it is
+    # near the utilisation bound instead of max_engines.
+    best = tried[-1][3]
+    c, rho, mean_wait, miss = next(t for t in tried if t[3] <= best + allowed)
+    wait_s = _wait_quantile_s(rho, mean_wait, quantile) if math.isfinite(mean_wait) else math.inf
+    return PrefillSizing(c, rho, wait_s, service_s, capacity, False, miss, unservable, longest)
 
 
-def _quantile_wait_s(rate: float, rho: float, second_s2: float, quantile: float) -> float:
+def _mean_wait_s(rate: float, rho: float, second_s2: float) -> float:
     if rho >= 1:
         return math.inf
-    mean_wait = rate * second_s2 / (2 * (1 - rho))  # Pollaczek-Khinchine
+    return rate * second_s2 / (2 * (1 - rho))  # Pollaczek-Khinchine
+
+
+def _tail(rho: float, mean_wait: float, budgets_s: np.ndarray) -> np.ndarray:
+    """P(W > x) ≈ ρ·exp(−x·ρ / E[W]) for each budget x (1 where x < 0: it waits no matter what)."""
+    if rho >= 1 or not math.isfinite(mean_wait):
+        return np.ones_like(budgets_s)
+    if mean_wait <= 0:
+        return np.where(budgets_s < 0, 1.0, 0.0)
+    return np.where(budgets_s < 0, 1.0, rho * np.exp(-np.maximum(budgets_s, 0.0) * rho / mean_wait))
+
+
+def _wait_quantile_s(rho: float, mean_wait: float, quantile: float) -> float:
     tail = 1 - quantile
     if rho <= tail or mean_wait <= 0:
         return 0.0  # fewer than 1 - quantile of the requests wait at all
@@ -148,26 +191,29 @@ def _quantile_wait_s(rate: float, rho: float, second_s2: float, quantile: float)
 
 
 def decode_batch_limit(
-    model: PerfModel,
+    cost: DecodeCost,
     *,
     isl_tokens: float,
     osl_tokens: float,
     itl_target_ms: float,
-    scale: float,
     max_kv_tokens: int,
+    max_num_seqs: int | None = None,
 ) -> int:
     """The most requests one decode engine holds at the ITL target: the largest batch whose
-    iteration at context `isl + osl/2` meets the target and whose KV need `n × (isl + osl)` fits;
-    1 when not even one request meets it (one per engine is the best an engine can do).
-    Bisection: the ITL grows with the batch."""
+    iteration at context `isl + osl/2` meets the target (the learned cost, cautious beyond the
+    batches seen), whose KV need `n × (isl + osl)` fits and which the engine schedules at once
+    (`max_num_seqs`); 1 when not even one request meets it (one per engine is the best an engine
+    can do). Bisection: the learned iteration time grows with the batch."""
     context = max(isl_tokens + osl_tokens / 2, 1.0)
     need = max(isl_tokens + osl_tokens, 1.0)
-    kv_cap = int(max_kv_tokens // need)
+    cap = int(max_kv_tokens // need)
+    if max_num_seqs is not None:
+        cap = min(cap, max_num_seqs)
 
     def meets(n: int) -> bool:
-        return model.decode_itl_ms(n, context) * scale <= itl_target_ms
+        return cost.iteration_ms(n, n * context) <= itl_target_ms
 
-    return largest_meeting(meets, kv_cap)
+    return largest_meeting(meets, cap)
 
 
 def largest_meeting(meets: Callable[[int], bool], cap: int) -> int:

@@ -75,9 +75,17 @@ def demand_at(state: SlaState, now: float, lead_s: float, settings: SlaSettings)
         if settings.trend
         else (0.0, 0.0)
     )
-    tokens_s = max(level * isl, trend * isl * g_tokens, trend * isl + ramp[0] * ahead_s)
+    # A ramp is carried up to the highest level the history has seen (or the level now, if
+    # higher): the trend catching up with a step (a burst after a quiet period) rises as steeply
+    # as a ramp for a trend window, and carried a lead ahead it would read several times the
+    # burst; growth beyond the history's levels is the headroom's to forecast.
+    top_tokens = max([level * isl, *(h[1] for h in state.history)])
+    top_flight = max([in_flight(level), *(h[2] for h in state.history)])
+    ramp_tokens = min(trend * isl + ramp[0] * ahead_s, top_tokens)
+    ramp_flight = min(in_flight(trend) + ramp[1] * ahead_s, top_flight)
+    tokens_s = max(level * isl, trend * isl * g_tokens, ramp_tokens)
     dispersion = _dispersion(list(state.samples))
-    flight_mean = max(in_flight(level), in_flight(trend) * g_flight, in_flight(trend) + ramp[1] * ahead_s)
+    flight_mean = max(in_flight(level), in_flight(trend) * g_flight, ramp_flight)
     buckets = _merged_buckets(list(state.samples))
     mix = LengthMix.from_histogram(buckets, isl, settings.quantile) if buckets else LengthMix.uniform(isl)
     return Demand(

@@ -6,8 +6,11 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 
+import numpy as np
+
 from app.core.perf.fpm import ForwardPassMetrics
 from app.core.perf.interpolation import PerfModel
+from app.core.sla.latency import prefill_rows
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState
 from app.core.sla.types import EngineKey, SlaInput
@@ -63,3 +66,67 @@ def update_lead(state: SlaState, inp: SlaInput, settings: SlaSettings) -> float:
             state.lead_s = latency if state.lead_s is None else 0.7 * state.lead_s + 0.3 * latency
             del state.orders[role]
     return state.lead_s if state.lead_s is not None else settings.startup_estimate_s
+
+
+# Records one tick learns from, at most: a second's worth of a busy engine's iterations is enough
+# to refit three coefficients, and the fit's cost stays bounded.
+_LEARN_LIMIT = 400
+
+
+def learn_latency(state: SlaState, inp: SlaInput) -> dict[Role, int]:
+    """Fold this tick's forward passes into the learned iteration costs: every record since the
+    previous tick when the shell gives them, else each engine's latest record when it is new."""
+    if state.latency is None:
+        return {}
+    used: dict[Role, int] = {}
+    for role in ("prefill", "decode"):
+        records = list(inp.fpm_new.get(role, ()))
+        if not records:
+            latest = inp.fpm.get(role, {})
+            records = [r for key, r in latest.items() if state.seen.get((role, key)) is not r]
+        if len(records) > _LEARN_LIMIT:
+            step = len(records) / _LEARN_LIMIT
+            records = [records[int(i * step)] for i in range(_LEARN_LIMIT)]
+        state.latency = state.latency.observed(role, records, inp.now_s)
+        used[role] = len(records)
+    return used
+
+
+def check_busy(
+    state: SlaState, inp: SlaInput, interval_s: float | None, settings: SlaSettings
+) -> dict[str, float | bool] | None:
+    """The prefill model against what the engines did: with every record of the interval, their
+    wall times are the engines' busy time, and the model's times for the same iterations are how
+    busy it says that work kept them. Busier than the model says (a cost it does not see, a
+    world that changed faster than the fit fades) lowers the capacity by the ratio (smoothed, in
+    [0.5, 1.25]) within a few ticks; checked only when the engines were at least
+    `busy_check_min` busy. None when the records are not all there."""
+    records = [
+        r for r in inp.fpm_new.get("prefill", ()) if r.wall_time_s > 0 and r.scheduled.sum_prefill_tokens > 0
+    ]
+    engines = inp.ready.get("prefill", 0)
+    if not inp.fpm_complete.get("prefill") or not interval_s or interval_s <= 0 or engines <= 0:
+        return None
+    if state.latency is None:
+        return None
+    cost = state.latency.prefill
+    busy_s = sum(r.wall_time_s for r in records)
+    rows = prefill_rows(
+        np.array([r.scheduled.sum_prefill_tokens for r in records], dtype=float),
+        np.array([r.scheduled.sum_prefill_kv_tokens for r in records], dtype=float),
+        np.array([r.scheduled.num_prefill_requests for r in records], dtype=float),
+    )
+    model_ms = float(cost.model.predict_many_ms(rows).sum()) if records else 0.0
+    model_s = model_ms / 1000.0 / state.correction
+    busy = busy_s / (interval_s * engines)
+    model_busy = model_s / (interval_s * engines)
+    checked = busy >= settings.busy_check_min and model_busy > 0
+    if checked:
+        ratio = min(1.25, max(0.5, state.correction * model_busy / busy))
+        state.correction += 0.5 * (ratio - state.correction)
+    return {
+        "busy": round(busy, 3),
+        "model_busy": round(model_busy, 3),
+        "checked": checked,
+        "correction": round(state.correction, 3),
+    }

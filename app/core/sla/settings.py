@@ -78,6 +78,37 @@ class SlaTuning(BaseModel):
     cold_start_growth: float = Field(
         default=1.6, ge=1, description="the forecast's headroom until the history can teach one"
     )
+    latency_prior_records: float = Field(
+        default=10.0,
+        gt=0,
+        description="how many forward passes the profile's points are worth in the learned latency model",
+    )
+    latency_half_life_s: float = Field(
+        default=900.0, gt=0, description="forward passes this old count half in the learned latency model"
+    )
+    latency_caution_z: float = Field(
+        default=2.0,
+        ge=0,
+        description="beyond the batches and chunks seen, latencies are read this many standard errors high",
+    )
+    busy_check_min: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="prefill is checked against the engines' busy time when they are this busy or more",
+    )
+    quiet_fraction: float = Field(
+        default=0.1,
+        gt=0,
+        lt=1,
+        description="traffic below this share of its usual busy level is a quiet period",
+    )
+    quiet_keep_probability: float = Field(
+        default=0.2,
+        ge=0,
+        le=1,
+        description="when quiet, what a return needs is kept while a return within a lead is this likely",
+    )
 
 
 class SlaSettings(SlaTuning):
@@ -88,6 +119,9 @@ class SlaSettings(SlaTuning):
     bounds: dict[Role, RoleBounds]
     chunk_tokens: int = Field(ge=1, description="prefill max_num_batched_tokens")
     max_kv_tokens: int = Field(ge=1, description="KV cache capacity per decode engine")
+    max_num_seqs: int | None = Field(
+        default=None, ge=1, description="most requests a decode engine schedules"
+    )
     growth_min_points: int = Field(default=24, ge=1, description="history pairs to learn the headroom")
     scale_bounds: tuple[float, float] = (0.5, 4.0)
     scale_smoothing: float = Field(default=0.3, gt=0, le=1, description="EWMA weight of a tick's ratio")

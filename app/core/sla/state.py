@@ -7,6 +7,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from app.core.perf.fpm import ForwardPassMetrics
+from app.core.sla.latency import LatencyModels
+from app.core.sla.quiet import QuietState
 from app.core.sla.types import EngineKey, TrafficSample
 from app.core.types import Role
 
@@ -23,10 +25,18 @@ class SlaState:
     orders: dict[Role, tuple[float, int]] = field(default_factory=dict)
     lead_s: float | None = None
     seen: dict[tuple[Role, EngineKey], ForwardPassMetrics] = field(default_factory=dict)
+    # The engines' learned iteration costs (None until the first tick with a model), the prefill
+    # capacity correction from their busy time, and what quiet periods were like.
+    latency: LatencyModels | None = None
+    correction: float = 1.0
+    quiet: QuietState = field(default_factory=QuietState)
+    last_tick_s: float | None = None
+    lengths: tuple[float, float] | None = None  # the last (mean ISL, mean OSL) with traffic
 
     def copy(self) -> SlaState:
-        """An independent copy for one tick to change. The elements (samples, tuples, records)
-        are immutable, so copying the containers is enough."""
+        """An independent copy for one tick to change. The elements (samples, tuples, records,
+        the latency models and the quiet state) are immutable, so copying the containers is
+        enough."""
         return SlaState(
             samples=deque(self.samples),
             wishes=deque(self.wishes),
@@ -36,4 +46,9 @@ class SlaState:
             orders=dict(self.orders),
             lead_s=self.lead_s,
             seen=dict(self.seen),
+            latency=self.latency,
+            correction=self.correction,
+            quiet=self.quiet,
+            last_tick_s=self.last_tick_s,
+            lengths=self.lengths,
         )

@@ -40,13 +40,18 @@ core planner (app/core/planner.py) gives it a copy, adopted once the tick is sto
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
+import numpy as np
+
 from app.core.perf.interpolation import PerfModel
-from app.core.sla.capacity import decode_batch_limit, prefill_engines
+from app.core.sla import quiet
+from app.core.sla.capacity import LengthMix, decode_batch_limit, peak_concurrency, prefill_engines
 from app.core.sla.demand import demand_at
-from app.core.sla.learners import update_lead, update_scale
+from app.core.sla.latency import prior_models
+from app.core.sla.learners import check_busy, learn_latency, update_lead, update_scale
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState
 from app.core.sla.types import Demand, SlaInput, SlaReason, SlaResult
@@ -57,23 +62,45 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
     now = inp.now_s
     if state.first_s is None:
         state.first_s = now
+    if state.latency is None and model is not None:
+        state.latency = prior_models(
+            model,
+            chunk_tokens=settings.chunk_tokens,
+            prior_records=settings.latency_prior_records,
+            caution_z=settings.latency_caution_z,
+            half_life_s=settings.latency_half_life_s,
+        )
+    learned = learn_latency(state, inp)
     scales = {role: update_scale(model, state, role, records, settings) for role, records in inp.fpm.items()}
     lead_s = update_lead(state, inp, settings)
     if inp.traffic is not None and inp.traffic.duration_s > 0:
         state.samples.append(inp.traffic)
     while state.samples and state.samples[0].end_s <= now - settings.lookback_s:
         state.samples.popleft()
+    interval_s = now - state.last_tick_s if state.last_tick_s is not None else None
+    state.last_tick_s = now
     diagnostics: dict[str, Any] = {
         "scale": {r: round(s, 4) for r, s in state.scale.items()},
         "scale_samples": scales,
         "lead_s": round(lead_s, 1),
         "lead_measured": state.lead_s is not None,
     }
-    if model is None:
+    if state.latency is not None:
+        diagnostics["latency"] = {
+            "prefill": {
+                **state.latency.prefill.model.summary(),
+                "packs_prompts": state.latency.prefill.packs,
+                "learned_now": learned.get("prefill", 0),
+            },
+            "decode": {**state.latency.decode.model.summary(), "learned_now": learned.get("decode", 0)},
+        }
+    if model is None or state.latency is None:
         return SlaResult(None, SlaReason.MODEL_NOT_READY, "no performance model", diagnostics)
     demand = demand_at(state, now, lead_s, settings)
     if demand is None:
         return SlaResult(None, SlaReason.NO_TRAFFIC_DATA, "no traffic in the level window", diagnostics)
+    if demand.isl > 0:
+        state.lengths = (demand.isl, demand.osl)
     diagnostics["demand"] = {
         "request_rate_s": round(demand.request_rate_s, 3),
         "token_rate_s": round(demand.token_rate_s, 1),
@@ -90,8 +117,14 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         "isl_quantile": round(demand.mix.quantile, 1),
         "osl_mean": round(demand.osl, 1),
     }
-    wish, role_diag = _wishes(model, demand, inp, state, settings, lead_s)
+    check = check_busy(state, inp, interval_s, settings)
+    if check is not None:
+        diagnostics["capacity_check"] = check
+    wish, role_diag = _wishes(demand, inp, state, settings, lead_s)
     diagnostics["roles"] = role_diag
+    kept = _quiet_floor(demand, inp, state, settings, lead_s, wish, role_diag)
+    if kept is not None:
+        diagnostics["quiet"] = kept
     if not inp.inventory_known:
         detail = "how many engines run is not known yet (no connector report, decision or FPM)"
         return SlaResult(None, SlaReason.NO_INVENTORY, detail, diagnostics)
@@ -146,29 +179,96 @@ def scale_down_window_s(settings: SlaSettings, lead_s: float) -> float:
     return max(settings.scale_down_window_s, settings.scale_down_window_leads * lead_s)
 
 
+def _quiet_floor(
+    demand: Demand,
+    inp: SlaInput,
+    state: SlaState,
+    settings: SlaSettings,
+    lead_s: float,
+    wish: dict[Role, int],
+    diag: dict[Role, dict[str, Any]],
+) -> dict[str, Any] | None:
+    """Raise `wish` to what a return from a quiet period needs while one is likely within the
+    horizon (a lead plus the level window, the soonest released engines could serve again); the
+    outlook and both choices' expected costs, for the diagnostics (None outside quiet periods)."""
+    if not state.history:
+        return None
+    _, tokens_s, _ = state.history[-1]
+    usual = float(np.quantile([h[1] for h in state.history], 0.75))
+    state.quiet = quiet.observe(
+        state.quiet,
+        inp.now_s,
+        tokens_s,
+        # What a return needs is measured on the demand sized for (the burst, not the trend).
+        (demand.token_rate_s, demand.in_flight_mean),
+        usual_tokens_s=usual,
+        quiet_fraction=settings.quiet_fraction,
+        lead_s=lead_s,
+    )
+    horizon_s = lead_s + settings.level_window_s
+    view = quiet.outlook(state.quiet, inp.now_s, horizon_s, settings.quiet_keep_probability)
+    if not view.quiet:
+        return None
+    isl, osl = state.lengths or (demand.isl, demand.osl)
+    back = dataclasses.replace(
+        demand,
+        token_rate_s=view.return_tokens_s,
+        in_flight_mean=view.return_flight,
+        in_flight=peak_concurrency(
+            view.return_flight, dispersion=demand.dispersion, quantile=settings.decode_peak_quantile
+        ),
+        isl=isl,
+        osl=osl,
+        mix=demand.mix if demand.mix.mean > 0 else LengthMix.uniform(isl),
+    )
+    needs, _ = _wishes(back, inp, state, settings, lead_s, with_held=False)
+    extra = {role: max(0, needs[role] - wish[role]) for role in wish}
+    rate = view.return_tokens_s / isl if isl > 0 else 0.0
+    if view.keep:
+        for role in wish:
+            wish[role] = max(wish[role], needs[role])
+            diag[role]["wish"] = wish[role]
+    return {
+        "age_s": round(view.age_s, 1),
+        "periods_seen": view.periods_seen,
+        "return_probability": round(view.return_probability, 3),
+        "keep": view.keep,
+        "return_wish": needs,
+        "keep_engine_s": round(sum(extra.values()) * horizon_s, 1),
+        "release_risk_requests": round(view.return_probability * rate * horizon_s, 1),
+    }
+
+
 def _wishes(
-    model: PerfModel, demand: Demand, inp: SlaInput, state: SlaState, settings: SlaSettings, lead_s: float
+    demand: Demand,
+    inp: SlaInput,
+    state: SlaState,
+    settings: SlaSettings,
+    lead_s: float,
+    with_held: bool = True,
 ) -> tuple[dict[Role, int], dict[Role, dict[str, Any]]]:
+    assert state.latency is not None
     wish: dict[Role, int] = {}
     diag: dict[Role, dict[str, Any]] = {}
     if "prefill" in settings.bounds:
-        scale = state.scale.get("prefill", 1.0)
         # The prompts queued now must be cleared too, by the time more engines could serve.
-        queued = sum(r.queued.sum_prefill_tokens for r in inp.fpm.get("prefill", {}).values())
+        queued = (
+            sum(r.queued.sum_prefill_tokens for r in inp.fpm.get("prefill", {}).values()) if with_held else 0
+        )
         backlog_rate = queued / max(lead_s, settings.level_window_s)
         sizing = prefill_engines(
-            model,
+            state.latency.prefill,
             token_rate_s=demand.token_rate_s + backlog_rate,
             mix=demand.mix,
             ttft_target_ms=settings.ttft_target_ms,
-            chunk_tokens=settings.chunk_tokens,
-            scale=scale,
             quantile=settings.quantile,
             max_utilisation=settings.prefill_max_utilisation,
             max_engines=settings.bounds["prefill"].max_replicas,
             dispersion=demand.dispersion,
+            correction=state.correction,
         )
         wish["prefill"] = settings.bounds["prefill"].clamp(sizing.engines)
+        rate = (demand.token_rate_s + backlog_rate) / demand.mix.mean if demand.mix.mean > 0 else 0.0
         diag["prefill"] = {
             "needed": sizing.engines,
             "wish": wish["prefill"],
@@ -179,21 +279,28 @@ def _wishes(
             "queued_tokens": queued,
             "backlog_tokens_s": round(backlog_rate, 1),
             "meets_target": sizing.meets_target,
+            "miss_share": round(sizing.miss_share, 4),
+            "unservable_share": round(sizing.unservable_share, 4),
+            "unservable_rate_s": round(sizing.unservable_share * rate, 3),
+            "longest_servable_tokens": sizing.longest_servable_tokens,
         }
     if "decode" in settings.bounds:
-        scale = state.scale.get("decode", 1.0)
         batch = decode_batch_limit(
-            model,
+            state.latency.decode,
             isl_tokens=demand.isl,
             osl_tokens=demand.osl,
             itl_target_ms=settings.itl_target_ms * settings.decode_itl_margin,
-            scale=scale,
             max_kv_tokens=settings.max_kv_tokens,
+            max_num_seqs=settings.max_num_seqs,
         )
         in_flight = demand.in_flight
-        held = sum(
-            r.scheduled.num_decode_requests + r.queued.num_decode_requests
-            for r in inp.fpm.get("decode", {}).values()
+        held = (
+            sum(
+                r.scheduled.num_decode_requests + r.queued.num_decode_requests
+                for r in inp.fpm.get("decode", {}).values()
+            )
+            if with_held
+            else 0
         )
         needed = max(math.ceil(in_flight / batch), math.ceil(held / batch))
         wish["decode"] = settings.bounds["decode"].clamp(needed)

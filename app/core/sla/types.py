@@ -3,8 +3,8 @@ forecast found (`Demand`, `Growth`) and what the step answers (`SlaResult`, `Sla
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -46,6 +46,10 @@ class SlaInput:
     # the connector, an acknowledged decision or every role's FPM tells it): zeros are unknowns,
     # and a target computed from them could scale a running cluster down.
     inventory_known: bool = True
+    # Every forward pass since the previous tick, per role (training data), and per role whether
+    # that is all of them (then their wall times are the engines' busy time).
+    fpm_new: Mapping[Role, Sequence[ForwardPassMetrics]] = field(default_factory=dict)
+    fpm_complete: Mapping[Role, bool] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

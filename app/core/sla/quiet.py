@@ -1,0 +1,113 @@
+"""Quiet periods: what scaling down would cost if the traffic came back.
+
+During a quiet period (the trend level below `quiet_fraction` of the usual busy level) the wish
+falls to the bounds' minimum. Engines released then are back no sooner than a lead after the next
+burst starts, and the burst is routed on arrival to the engines that remain, where it queues. So
+the planner keeps what a return would need while a return within one lead (plus the level
+window) is likely:
+
+- **How long quiet periods last** is learned from the traffic's own history: the completed quiet
+  periods' durations (the last `_KEPT` of them). Given the current one has lasted `a`, the chance
+  it ends within the horizon `h` is the share of the longer-than-`a` ones that ended by `a + h`,
+  with a prior worth one period: `h / (a + h)`, what a heavy-tailed (Pareto, Lindy) duration says
+  when nothing is known, divided by one plus the number of learned periods that ended before `a`
+  (a silence longer than all of them is likely another kind: a night, an outage). With no
+  history that prior alone decides: keep at first, let go after a few leads of silence.
+- **How large the returns are**: the trend level reached within a lead of each return, the
+  largest of the recent ones; with none seen yet, the busy level before this quiet period.
+
+The choice and its expected costs are reported each tick: the engine-seconds kept over the
+horizon, and the requests expected to arrive to too few engines if they are let go.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+_KEPT = 50
+_RECENT_RETURNS = 10
+
+
+@dataclass(frozen=True)
+class QuietState:
+    busy_tokens_s: float = 0.0  # the peak trend level of the busy period before (prompt tokens/s)
+    busy_flight: float = 0.0  # ... requests in decode
+    since_s: float | None = None  # when the current quiet period began
+    durations_s: tuple[float, ...] = ()
+    returns: tuple[tuple[float, float], ...] = ()  # (tokens/s, flight) reached within a lead of a return
+    returned_s: float | None = None  # the last return, its level still being measured
+    return_peak: tuple[float, float] = (0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class QuietOutlook:
+    quiet: bool
+    age_s: float
+    return_probability: float
+    keep: bool
+    return_tokens_s: float
+    return_flight: float
+    periods_seen: int
+
+
+def observe(
+    state: QuietState,
+    now_s: float,
+    tokens_s: float,
+    need: tuple[float, float],
+    *,
+    usual_tokens_s: float,
+    quiet_fraction: float,
+    lead_s: float,
+) -> QuietState:
+    """Fold the tick at `now_s` in: the trend level of prompt tokens (`tokens_s`) starts or ends a
+    quiet period; `need` (prompt tokens/s, requests in decode), the demand the tick sized for,
+    measures the busy periods and the returns."""
+    quiet = usual_tokens_s > 0 and tokens_s <= quiet_fraction * usual_tokens_s
+    need_tokens, flight = need
+    s = state
+    if s.returned_s is not None:
+        peak = (max(s.return_peak[0], need_tokens), max(s.return_peak[1], flight))
+        if now_s - s.returned_s >= lead_s or quiet:
+            s = replace(s, returns=(*s.returns, peak)[-_KEPT:], returned_s=None, return_peak=(0.0, 0.0))
+        else:
+            s = replace(s, return_peak=peak)
+    if quiet and s.since_s is None:
+        return replace(s, since_s=now_s)
+    if not quiet and s.since_s is not None:
+        duration = now_s - s.since_s
+        return replace(
+            s,
+            since_s=None,
+            durations_s=(*s.durations_s, duration)[-_KEPT:],
+            returned_s=now_s,
+            return_peak=(need_tokens, flight),
+            busy_tokens_s=need_tokens,
+            busy_flight=flight,
+        )
+    if not quiet:
+        # The busy period's peak: what a return is taken to need until returns are seen.
+        return replace(
+            s, busy_tokens_s=max(s.busy_tokens_s, need_tokens), busy_flight=max(s.busy_flight, flight)
+        )
+    return s
+
+
+def outlook(state: QuietState, now_s: float, horizon_s: float, keep_probability: float) -> QuietOutlook:
+    if state.since_s is None:
+        return QuietOutlook(False, 0.0, 0.0, False, 0.0, 0.0, len(state.durations_s))
+    age = now_s - state.since_s
+    longer = [d for d in state.durations_s if d > age]
+    ended = sum(1 for d in longer if d <= age + horizon_s)
+    shorter = len(state.durations_s) - len(longer)
+    prior = horizon_s / (age + horizon_s) if age + horizon_s > 0 else 1.0
+    # The prior counts as one more period, less the more of the learned ones ended before this
+    # age: a silence longer than every learned one is likely another kind (a night, an outage).
+    p = (ended + prior / (1 + shorter)) / (len(longer) + 1)
+    recent = state.returns[-_RECENT_RETURNS:]
+    if recent:
+        tokens = max(r[0] for r in recent)
+        flight = max(r[1] for r in recent)
+    else:
+        tokens, flight = state.busy_tokens_s, state.busy_flight
+    return QuietOutlook(True, age, p, p >= keep_probability, tokens, flight, len(state.durations_s))
