@@ -340,7 +340,19 @@ class _Timed:
             self.ticks += 1
 
 
+def app_digest() -> str:
+    """A digest of this project's planner code (app/**/*.py) as this process reads it."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted((REPO / "app").rglob("*.py")):
+        h.update(str(path.relative_to(REPO)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def run_one(spec: RunSpec) -> RunResult:
+    digest = app_digest()  # before the imports below read app/
     os.environ.setdefault("DYN_LOG", "error")
     import logging
 
@@ -412,6 +424,7 @@ def run_one(spec: RunSpec) -> RunResult:
         wall_s=wall,
         extra={
             **extra,
+            "app_digest": digest,
             "duration_s": float(s.get("duration_ms") or 0.0) / 1000.0,
             "prefill_worker_seconds": s.get("prefill_worker_seconds"),
             "decode_worker_seconds": s.get("decode_worker_seconds"),
@@ -546,8 +559,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     specs.append(
                         RunSpec(policy=policy, prefill=initial["prefill"], decode=initial["decode"], **common)
                     )
-        # Longest first: the busiest workloads' replays dominate the wall time.
-        specs.sort(key=lambda s: -meta[s.workload]["requests"])
+        # Our planner's replays first, all at once as far as --jobs allows, so that they import
+        # the same app/ (other work may edit the tree meanwhile; each run records a digest of
+        # the code it ran); then the busiest workloads first.
+        specs.sort(key=lambda s: (s.policy != "planner", -meta[s.workload]["requests"]))
         results: list[RunResult] = []
         with ProcessPoolExecutor(
             max_workers=max(1, args.jobs), mp_context=get_context("spawn"), max_tasks_per_child=1
@@ -588,6 +603,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "gpu_hours": chosen.gpu_hours,
                 }
             )
+    digests = sorted({r.extra["app_digest"] for r in results if r.policy == "planner"})
+    if len(digests) > 1:
+        log(f"warning: the planner's replays ran different app/ code ({', '.join(digests)})")
     print(table(rows))
     print(
         f"\n{len(results)} replays in {wall:.0f} s"

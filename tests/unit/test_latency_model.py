@@ -438,7 +438,7 @@ def test_learned_gaps_make_a_return_within_them_near_certain(h200: PerfModel) ->
     assert seen[85.0] == round((5 + horizon_s / (85 + horizon_s)) / 6, 3)
 
 
-def test_a_gap_older_than_all_learned_ones_lets_go_sooner_than_the_prior(h200: PerfModel) -> None:
+def test_a_gap_older_than_all_learned_ones_falls_back_to_the_prior(h200: PerfModel) -> None:
     run, busy = learned_gaps(h200)
     horizon_s = 140.0
     seen: dict[float, dict] = {}
@@ -448,13 +448,16 @@ def test_a_gap_older_than_all_learned_ones_lets_go_sooner_than_the_prior(h200: P
             seen[quiet["age_s"]] = quiet
     # Up to 85 s, every learned gap lasted longer and ended within the horizon: kept.
     assert seen[85.0]["keep"] is True
-    # At 90 s none lasted longer; the five that ended by now say this silence is another kind:
-    # the prior, worth one period, counts 1/(1 + 5) of itself: 140/230/6 = 0.10, below 0.2.
-    # With no history the prior alone keeps the engines until 560 s (test above).
-    let_go = max(seen)
-    assert let_go == 90.0
-    assert seen[90.0]["return_probability"] == round(horizon_s / (90 + horizon_s) / 6, 3)
+    # From 90 s none lasted longer: the prior alone, h/(a+h), as with no history. It keeps the
+    # engines while that is at least 0.2, to 560 s (a gap longer than all five learned ones is
+    # still as likely to end soon as an unknown one: on bursty-gaps, letting go sooner here cost
+    # 17.5 points of attainment, docs/benchmarks.md).
+    assert seen[90.0]["return_probability"] == round(horizon_s / (90 + horizon_s), 3)
+    assert seen[90.0]["keep"] is True
     assert seen[90.0]["periods_seen"] == 5
+    let_go = max(seen)
+    assert let_go == 565.0
+    assert seen[560.0]["keep"] is True
     # The scale-down window (60 s) after letting go, the counts are down.
     for _ in range(int(60.0 / TICK_S) - 1):
         result = run.tick(0.0)

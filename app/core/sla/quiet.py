@@ -10,9 +10,8 @@ window) is likely:
   periods' durations (the last `_KEPT` of them). Given the current one has lasted `a`, the chance
   it ends within the horizon `h` is the share of the longer-than-`a` ones that ended by `a + h`,
   with a prior worth one period: `h / (a + h)`, what a heavy-tailed (Pareto, Lindy) duration says
-  when nothing is known, divided by one plus the number of learned periods that ended before `a`
-  (a silence longer than all of them is likely another kind: a night, an outage). With no
-  history that prior alone decides: keep at first, let go after a few leads of silence.
+  when nothing is known. With no history, or past the longest learned period, that prior alone
+  decides: keep at first, let go after about four horizons of silence.
 - **How large the returns are**: the trend level reached within a lead of each return, the
   largest of the recent ones; with none seen yet, the busy level before this quiet period.
 
@@ -99,11 +98,10 @@ def outlook(state: QuietState, now_s: float, horizon_s: float, keep_probability:
     age = now_s - state.since_s
     longer = [d for d in state.durations_s if d > age]
     ended = sum(1 for d in longer if d <= age + horizon_s)
-    shorter = len(state.durations_s) - len(longer)
     prior = horizon_s / (age + horizon_s) if age + horizon_s > 0 else 1.0
-    # The prior counts as one more period, less the more of the learned ones ended before this
-    # age: a silence longer than every learned one is likely another kind (a night, an outage).
-    p = (ended + prior / (1 + shorter)) / (len(longer) + 1)
+    # The prior counts as one more period. A silence longer than every learned one has only the
+    # prior to go by: the learned periods say nothing about how much longer it lasts.
+    p = (ended + prior) / (len(longer) + 1)
     recent = state.returns[-_RECENT_RETURNS:]
     if recent:
         tokens = max(r[0] for r in recent)
