@@ -261,6 +261,7 @@ class SlaRole(Record):
     batch_limit: Num = None
     in_flight_at_target: Num = None
     held_now: Num = None
+    held_context_tokens: Num = None  # mean context of the requests decode holds now (FPM)
 
 
 class LatencyModel(Record):

@@ -574,3 +574,20 @@ def test_peak_concurrency_is_the_normal_quantile_of_the_count_in_flight() -> Non
         100.0, dispersion=1.0, quantile=0.999
     )
     assert peak_concurrency(0.0, dispersion=4.0, quantile=0.999) == 0.0
+
+
+def test_decode_batch_limit_reads_the_held_context_when_longer(prior: LatencyModels) -> None:
+    # A heavy-tailed output mix: the requests in decode hold more context than the arrivals'
+    # mean (long outputs stay longer), and the batch is sized at what the engines hold.
+    kwargs = {"itl_target_ms": 30.0, "max_kv_tokens": 945_029}
+    by_mean = decode_batch_limit(prior.decode, isl_tokens=1000.0, osl_tokens=400.0, **kwargs)
+    held = decode_batch_limit(
+        prior.decode, isl_tokens=1000.0, osl_tokens=400.0, held_context_tokens=3000.0, **kwargs
+    )
+    at_held = decode_batch_limit(prior.decode, isl_tokens=3000.0 - 200.0, osl_tokens=400.0, **kwargs)
+    assert held == at_held < by_mean
+    # A shorter held context (a batch just admitted) does not raise the limit.
+    shorter = decode_batch_limit(
+        prior.decode, isl_tokens=1000.0, osl_tokens=400.0, held_context_tokens=500.0, **kwargs
+    )
+    assert shorter == by_mean

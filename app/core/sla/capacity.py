@@ -198,14 +198,22 @@ def decode_batch_limit(
     itl_target_ms: float,
     max_kv_tokens: int,
     max_num_seqs: int | None = None,
+    held_context_tokens: float | None = None,
 ) -> int:
     """The most requests one decode engine holds at the ITL target: the largest batch whose
     iteration at context `isl + osl/2` meets the target (the learned cost, cautious beyond the
     batches seen), whose KV need `n × (isl + osl)` fits and which the engine schedules at once
     (`max_num_seqs`); 1 when not even one request meets it (one per engine is the best an engine
-    can do). Bisection: the learned iteration time grows with the batch."""
+    can do). Bisection: the learned iteration time grows with the batch.
+
+    `held_context_tokens`, the mean context of the requests the engines hold now (FPM), raises
+    both when it is larger: long outputs stay in flight longer, so the requests in decode are
+    longer than the arrivals' mean (a heavy-tailed output mix holds twice its mean context)."""
     context = max(isl_tokens + osl_tokens / 2, 1.0)
     need = max(isl_tokens + osl_tokens, 1.0)
+    if held_context_tokens is not None and held_context_tokens > context:
+        need *= held_context_tokens / context
+        context = held_context_tokens
     cap = int(max_kv_tokens // need)
     if max_num_seqs is not None:
         cap = min(cap, max_num_seqs)

@@ -285,6 +285,7 @@ def _wishes(
             "longest_servable_tokens": sizing.longest_servable_tokens,
         }
     if "decode" in settings.bounds:
+        held_context = _held_context(inp) if with_held else None
         batch = decode_batch_limit(
             state.latency.decode,
             isl_tokens=demand.isl,
@@ -292,6 +293,7 @@ def _wishes(
             itl_target_ms=settings.itl_target_ms * settings.decode_itl_margin,
             max_kv_tokens=settings.max_kv_tokens,
             max_num_seqs=settings.max_num_seqs,
+            held_context_tokens=held_context,
         )
         in_flight = demand.in_flight
         held = (
@@ -310,8 +312,16 @@ def _wishes(
             "batch_limit": batch,
             "in_flight_at_target": round(in_flight, 1),
             "held_now": held,
+            "held_context_tokens": round(held_context, 1) if held_context is not None else None,
         }
     return wish, diag
+
+
+def _held_context(inp: SlaInput) -> float | None:
+    """The mean context of the requests the decode engines hold now (None: they hold none)."""
+    records = inp.fpm.get("decode", {}).values()
+    requests = sum(r.scheduled.num_decode_requests for r in records)
+    return sum(r.scheduled.sum_decode_kv_tokens for r in records) / requests if requests else None
 
 
 def _rounded(pair: tuple[float, float] | None) -> list[float] | None:
