@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from app.core.sla.capacity import LengthMix, prefill_engines
+from app.core.sla.latency import prior_models
 from app.planner_setup import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from app.sim.frontend import FrontendCounters
 from app.sources.frontend_scrape import FrontendScrapeSource
@@ -117,13 +118,20 @@ async def test_sla_scaling_decides_alone_from_traffic_and_engines(make_api, spaw
     # per second, lengths from the scraped ISL histogram, Poisson.
     buckets = [(math.inf if b == "+Inf" else b, n) for b, n in observed["isl_buckets"]]
     assert sum(n for _, n in buckets) == REQUESTS
-    expected = prefill_engines(
+    # Heartbeats teach the latency model nothing: the cost is the profile's prior.
+    settings = worker.planner.settings.sla
+    prior = prior_models(
         worker.planner.model,
+        chunk_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        prior_records=settings.latency_prior_records,
+        caution_z=settings.latency_caution_z,
+        half_life_s=settings.latency_half_life_s,
+    )
+    expected = prefill_engines(
+        prior.prefill,
         token_rate_s=observed["num_req"] / observed["duration_s"] * observed["isl"],
         mix=LengthMix.from_histogram(buckets, observed["isl"], 0.99),
         ttft_target_ms=TTFT_MS,
-        chunk_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        scale=1.0,
         max_engines=8,
     )
     assert expected.meets_target and 1 < expected.engines < 8, expected

@@ -115,9 +115,8 @@ class _Regression:
         self._fit: Fit | None = None
         self._fit_reason: str | None = None
         self._fitted = False  # the cached fit (or refusal) matches the samples
-        # Each sample's bucket under the current bounds, and the buckets' counts (None: the
-        # bounds widened since, rebuilt when next needed). Retiring a sample then costs one scan,
-        # not a re-bucketing of every sample.
+        # Each sample's bucket under the current bounds and the buckets' counts (None: the bounds
+        # widened, rebuilt when needed): retiring a sample costs a scan, not a re-bucketing.
         self._keys: list[tuple[int, ...]] | None = None
         self._counts: Counter[tuple[int, ...]] = Counter()
 
