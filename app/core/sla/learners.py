@@ -1,5 +1,7 @@
-"""What SLA scaling measures of the world: the engines' speed over the profile's (`scale`, per
-forward pass) and how long ordered engines take to serve (`lead_s`, from its own scale-ups)."""
+"""What SLA scaling measures of the world: the engines' iteration costs (`learn_latency`, into
+app/core/sla/latency.py's models), whether prefill is as busy as those say (`check_busy`), the
+engines' speed over the profile's (`scale`, reported only) and how long ordered engines take to
+serve (`lead_s`, from its own scale-ups)."""
 
 from __future__ import annotations
 

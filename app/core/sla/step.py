@@ -4,10 +4,10 @@ Every tick (`scaling.interval_s`, 5 s by default) it reads what a controller can
 frontend's traffic since the previous tick (requests, mean ISL and OSL, the ISL histogram), each
 engine's latest forward pass (FPM) and the ready counts. Then, per role:
 
-1. **World over profile** (`scale`): each fresh forward pass's wall time over the profile's time
-   for the same work; the median of a tick's ratios, smoothed (EWMA) and bounded. Iterations are
-   immune to the transients that mislead latency-based corrections (engines starting or
-   draining change the latency users see, not the time an iteration of a given size takes).
+1. **What an iteration costs** (`latency`): each role's forward passes refit a linear cost model
+   whose prior is the profile (app/core/sla/latency.py); prefill's is checked against the
+   engines' busy time when every record is there (`capacity_check`). The world-over-profile
+   `scale` is still measured and reported; it no longer sizes anything.
 2. **Lead** (`lead_s`): how long ordered engines took to become ready, measured from the planner's
    own scale-ups (EWMA); `startup_estimate_s` until it has measured one. The planner sizes for
    the traffic one lead ahead: engines ordered now serve no sooner.
@@ -20,14 +20,17 @@ engine's latest forward pass (FPM) and the ready counts. Then, per role:
    and by a quantile regression on the level, capped at the way back to the history's median
    level; until that history has `growth_min_points`,
    `cold_start_growth`) and a ramp under way (the level's slope over max(2 × trend window,
-   lead), carried a lead ahead). The forecast only ever raises the demand.
+   lead), carried a lead ahead, up to the history's highest level). The forecast only ever
+   raises the demand.
    Lengths are the trend window's means and the ISL histogram of the samples kept (`lookback_s`);
    burstiness is the index of dispersion of the per-tick request counts.
 4. **Wish**: engines for that demand (`app/core/sla/capacity.py`): prefill for the TTFT target
    including queueing (bursts and the prompt-length mix) and the prompts queued now; decode for
    the ITL target by Little's law at the `decode_peak_quantile` of the requests in flight,
-   against the largest batch meeting `decode_itl_margin` × the target; decode also for the
-   requests the engines actually hold or queue now, when that is more.
+   against the largest batch meeting `decode_itl_margin` × the target (at the context the
+   engines hold, when longer); decode also for the requests the engines actually hold or queue
+   now, when that is more. Prompts no count can serve are counted and left out. In a quiet
+   period, what a likely return needs is kept (app/core/sla/quiet.py).
 5. **Target**: up at once to the wish; down only to the highest wish of the scale-down window
    (`scale_down_window_s`, or `scale_down_window_leads` measured leads when that is longer), not
    before the planner has watched a full window, and not before the headroom is learned: the
