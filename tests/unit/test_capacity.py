@@ -591,3 +591,47 @@ def test_decode_batch_limit_reads_the_held_context_when_longer(prior: LatencyMod
         prior.decode, isl_tokens=1000.0, osl_tokens=400.0, held_context_tokens=500.0, **kwargs
     )
     assert shorter == by_mean
+
+
+def _line_seen_up_to(batch: int) -> DecodeCost:
+    """The known decode line, learned from records of batches up to `batch`."""
+    rows = [(n, n * ctx) for n in (1, batch // 4, batch // 2, batch) for ctx in (500, 2000, 8000)]
+    x = np.array([decode_features(n, k) for n, k in rows])
+    y = np.array([decode_ms(n, k) for n, k in rows])
+    return DecodeCost(_exact(x, y))
+
+
+def test_the_profile_is_a_second_opinion_only_far_from_the_engines_data(
+    prior: LatencyModels, h200: PerfModel
+) -> None:
+    kv = h200.decode.max_kv_tokens
+    kwargs = {"isl_tokens": 1020.0, "osl_tokens": 240.0, "itl_target_ms": 30.0, "max_kv_tokens": kv}
+    context = 1020.0 + 240.0 / 2
+
+    def profile_limit() -> int:
+        ok = lambda n: h200.decode_itl_ms(n, context) <= 30.0  # noqa: E731
+        n = 1
+        while ok(n + 1):
+            n += 1
+        return n
+
+    # Cold start at the Azure mix's context: the prior's straight line alone allows far more
+    # than the profile it was fitted to (the line misses the surface's curvature there); with
+    # the profile as second opinion the cold limit is the profile's own.
+    alone = decode_batch_limit(prior.decode, **kwargs)  # type: ignore[arg-type]
+    with_profile = decode_batch_limit(prior.decode, profile_itl_ms=h200.decode_itl_ms, **kwargs)  # type: ignore[arg-type]
+    assert with_profile == profile_limit() < alone
+    assert alone > 1.5 * with_profile
+
+    # A world on the known line (30 ms at n = 343 here, read a little high past the batches
+    # seen). Engines that have run batches of 128: within 1.5×128 = 192 the line decides alone,
+    # beyond that the profile (slower than this line) stops it.
+    assert math.floor((30.0 - DA) / (DB + DC * context)) == 343
+    assert decode_batch_limit(_line_seen_up_to(400), **kwargs) == 343  # type: ignore[arg-type]
+    line_limit = decode_batch_limit(_line_seen_up_to(128), **kwargs)  # type: ignore[arg-type]
+    assert line_limit == 333
+    seen_128 = decode_batch_limit(_line_seen_up_to(128), profile_itl_ms=h200.decode_itl_ms, **kwargs)  # type: ignore[arg-type]
+    assert seen_128 == max(profile_limit(), 192) < line_limit
+    # Batches of 240 seen: 1.5×240 = 360 covers the line's own crossing; the profile has no say.
+    seen_240 = decode_batch_limit(_line_seen_up_to(240), profile_itl_ms=h200.decode_itl_ms, **kwargs)  # type: ignore[arg-type]
+    assert seen_240 == decode_batch_limit(_line_seen_up_to(240), **kwargs) > seen_128  # type: ignore[arg-type]
