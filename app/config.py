@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.core.sla.settings import SlaTuning
@@ -325,6 +333,20 @@ class Settings(BaseSettings):
     # Demo and testing knob: the service's clock runs this many times faster than the wall clock
     # (`planner demo` sets it to its --speed). Intervals, timeouts and leases are in scaled seconds.
     time_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    # The per-deployment worker lease, for several replicas on one PostgreSQL database
+    # (docs/operations.md): the holder renews it every lease_renew_s, a standby asks as often and
+    # at its expiry, so a replica that dies (even SIGKILLed) hands its deployments over within
+    # lease_ttl_s. Seconds of the service's clock.
+    lease_ttl_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    lease_renew_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+
+    @field_validator("lease_renew_s")
+    @classmethod
+    def _renewed_before_it_expires(cls, renew_s: float, info: ValidationInfo) -> float:
+        ttl_s = info.data.get("lease_ttl_s")
+        if ttl_s is not None and renew_s >= ttl_s:
+            raise ValueError(f"must be shorter than PLANNER_LEASE_TTL_S ({ttl_s:g} s)")
+        return renew_s
 
     @field_validator("database_url")
     @classmethod

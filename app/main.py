@@ -80,6 +80,8 @@ def create_app(
                 source=make_source(d, http, monotonic=scaled_monotonic),
                 connector=make_connector(d),
                 fpm=make_fpm_subscribers(d, monotonic=scaled_monotonic),
+                lease_ttl_s=settings.lease_ttl_s,
+                lease_renew_s=settings.lease_renew_s,
             )
             for d in deployments.deployments
         }

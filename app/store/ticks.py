@@ -51,7 +51,8 @@ def acquire_lease(session: Session, *, deployment: str, holder: str, now: dateti
     """Take or renew the right to run this deployment's worker loop; the caller commits.
 
     Several planner processes may share one database; only the lease holder ticks, so a
-    deployment gets one diagnostics record per tick, not one per process.
+    deployment gets one diagnostics record per tick, not one per process. A lease valid until T
+    is free from T on.
     """
     result = session.execute(
         update(DeploymentState)
@@ -60,7 +61,7 @@ def acquire_lease(session: Session, *, deployment: str, holder: str, now: dateti
             or_(
                 DeploymentState.lease_holder.is_(None),
                 DeploymentState.lease_holder == holder,
-                DeploymentState.lease_expires_at < now,
+                DeploymentState.lease_expires_at <= now,
             ),
         )
         .values(lease_holder=holder, lease_expires_at=now + timedelta(seconds=ttl_s))
@@ -83,6 +84,12 @@ def release_lease(session: Session, *, deployment: str, holder: str) -> None:
 def lease_holder(session: Session, deployment: str) -> str | None:
     state = session.get(DeploymentState, deployment)
     return state.lease_holder if state else None
+
+
+def lease_expires_at(session: Session, deployment: str) -> datetime | None:
+    """Until when the current holder's lease runs (None: nobody holds it)."""
+    state = session.get(DeploymentState, deployment)
+    return state.lease_expires_at if state else None
 
 
 def _in_range(

@@ -8,7 +8,9 @@ clock, after the deployment's source answers and its connector validates it (no 
 What the planner learned in a tick is adopted only once the tick's record and decision are
 stored, so a failed write loses that tick and counts nothing twice. Several planner processes
 may share a database: a lease in the deployment's state row makes sure only one of them ticks a
-given deployment.
+given deployment. The others stand by: they ask for the lease at its expiry, keep their traffic
+baseline and forward passes current so a takeover counts nothing twice either, and resume the
+learned state the last leader stored (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -47,8 +49,10 @@ from app.workers.clock import Clock
 
 log = logging.getLogger(__name__)
 
-# The lease is renewed far more often than it expires, and independently of the tick interval,
-# so a planner that dies (even SIGKILLed) hands its deployments over within LEASE_TTL_S.
+# The lease is renewed far more often than it expires, and independently of the tick interval;
+# a standby asks as often and at the lease's expiry, so a planner that dies (even SIGKILLed)
+# hands its deployments over within LEASE_TTL_S. The defaults of PLANNER_LEASE_TTL_S and
+# PLANNER_LEASE_RENEW_S (app/config.py).
 LEASE_TTL_S = 30.0
 LEASE_RENEW_S = 10.0
 # While the source or the connector is not ready, ask again this often.
@@ -109,6 +113,8 @@ class DeploymentWorker:
         source: TrafficSource | None = None,
         connector: Connector | None = None,
         fpm: dict[Role, FpmSubscriber] | None = None,
+        lease_ttl_s: float = LEASE_TTL_S,
+        lease_renew_s: float = LEASE_RENEW_S,
     ) -> None:
         self.config = config
         self.planner = planner or Planner(
@@ -132,8 +138,12 @@ class DeploymentWorker:
         self._clock = clock
         self._holder = holder
         self._task: asyncio.Task[None] | None = None
+        self.lease_ttl_s = lease_ttl_s
+        self.lease_renew_s = lease_renew_s
         self.is_leader = False
         self.lease_checked_at: datetime | None = None
+        # Until when the holder's lease runs, as of the last check (ours when leading).
+        self.lease_expires_at: datetime | None = None
         self.last_tick_at: datetime | None = None
         self.last_error: str | None = None
         self.consecutive_failures = 0
@@ -388,14 +398,47 @@ class DeploymentWorker:
         Taking it (at start-up, or from a planner that stopped) resumes the learned state the
         last leader saved."""
         was_leader = self.is_leader
+        name = self.config.name
         with self._sf() as session, session.begin():
             self.is_leader = tick_store.acquire_lease(
-                session, deployment=self.config.name, holder=self._holder, now=now, ttl_s=LEASE_TTL_S
+                session, deployment=name, holder=self._holder, now=now, ttl_s=self.lease_ttl_s
             )
+            if self.is_leader:
+                self.lease_expires_at = now + timedelta(seconds=self.lease_ttl_s)
+            else:
+                self.lease_expires_at = tick_store.lease_expires_at(session, name)
             if self.is_leader and not was_leader:
-                self._resume(state_store.load_state(session, deployment=self.config.name))
+                self._resume(state_store.load_state(session, deployment=name))
         self.lease_checked_at = now
         return self.is_leader
+
+    def _next_lease_check(self, now: datetime) -> datetime:
+        """Every `lease_renew_s`, and a standby also at the holder's expiry: a holder that
+        stopped renewing is replaced the moment its lease runs out."""
+        at = now + timedelta(seconds=self.lease_renew_s)
+        expires = self.lease_expires_at
+        if not self.is_leader and expires is not None and now < expires < at:
+            return expires
+        return at
+
+    async def _stand_by(self) -> None:
+        """At every lease check that another process wins: start what the first tick after a takeover
+        reads from now, so that it holds nothing the leader already counted. The leader's last
+        tick renewed its lease, so it was at least `lease_ttl_s - lease_renew_s` before the
+        takeover, and this check is later. The traffic source takes a new baseline (a direct
+        scrape would otherwise difference against its start-up scrape, a window overlapping every
+        observation of the leader) and says whether it answers (/readyz); the forward passes
+        received so far are dropped (the leader trained on them, up to its last tick), and the
+        first tick's are not taken as complete (they start at this check, not at the last tick)."""
+        if self.source is not None:
+            try:
+                await self.source.check()
+                self.source_error = None
+            except SourceUnavailableError as exc:
+                self.source_error = str(exc)
+        for subscriber in self.fpm.values():
+            subscriber.new_trainable_records()
+        self._overflow.clear()
 
     def _resume(self, saved: PlannerStateRow | None) -> None:
         name = self.config.name
@@ -431,9 +474,13 @@ class DeploymentWorker:
             try:
                 if now >= next_lease:
                     was_leader = self.is_leader
-                    next_lease = now + timedelta(seconds=LEASE_RENEW_S)
-                    if await asyncio.to_thread(self.renew_lease, now) and not was_leader:
+                    next_lease = now + timedelta(seconds=self.lease_renew_s)
+                    leads = await asyncio.to_thread(self.renew_lease, now)
+                    if leads and not was_leader:
                         next_tick = min(next_tick, now)  # just took over: tick at once
+                    elif not leads:
+                        await self._stand_by()
+                    next_lease = self._next_lease_check(now)
                 if now >= next_tick:
                     next_tick += interval
                     if next_tick <= now:  # fell behind: skip the missed ticks rather than burst

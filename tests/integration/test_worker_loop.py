@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, select, text
@@ -19,10 +20,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.api.convert import encode_decision
 from app.api.schemas import DecisionOut
-from app.config import DeploymentsFile
+from app.config import DeploymentConfig, DeploymentsFile
 from app.connectors.virtual import DecisionHub
-from app.core.types import DecisionSource, DecisionStatus, OverrideAction
+from app.core.perf.fpm import ForwardPassMetrics, ScheduledRequestMetrics
+from app.core.types import DecisionSource, DecisionStatus, OverrideAction, TrafficObservation
 from app.reports.metrics import PlannerMetrics
+from app.sources.fpm import FpmSubscriber
 from app.store import decisions as decision_store
 from app.store import overrides as override_store
 from app.store.db import make_engine, make_session_factory
@@ -30,7 +33,7 @@ from app.store.decisions import ensure_deployments
 from app.store.models import DeploymentState, Tick
 from app.store.overrides import Actor
 from app.workers.clock import ManualClock
-from app.workers.loop import LEASE_RENEW_S, DeploymentWorker, process_identity
+from app.workers.loop import LEASE_RENEW_S, LEASE_TTL_S, DeploymentWorker, Gathered, process_identity
 from tests.support import demo_config
 
 pytestmark = pytest.mark.anyio
@@ -60,10 +63,13 @@ class Rig:
 
 
 @asynccontextmanager
-async def running_worker(db_url: str) -> AsyncIterator[Rig]:
+async def running_worker(
+    db_url: str, config: DeploymentConfig | None = None, **worker: Any
+) -> AsyncIterator[Rig]:
     """A DeploymentWorker built as the app's lifespan builds it, its loop running as a task."""
-    config = DeploymentsFile.model_validate(demo_config()).deployments[0]
-    assert config.tick_interval_s == INTERVAL_S
+    if config is None:
+        config = DeploymentsFile.model_validate(demo_config()).deployments[0]
+        assert config.tick_interval_s == INTERVAL_S
     engine = make_engine(db_url)
     sf = make_session_factory(engine)
     with sf() as session, session.begin():
@@ -73,7 +79,13 @@ async def running_worker(db_url: str) -> AsyncIterator[Rig]:
     hub.bind(asyncio.get_running_loop())
     clock = ManualClock(T0)
     worker = DeploymentWorker(
-        config=config, session_factory=sf, hub=hub, metrics=metrics, clock=clock, holder=process_identity()
+        config=config,
+        session_factory=sf,
+        hub=hub,
+        metrics=metrics,
+        clock=clock,
+        holder=process_identity(),
+        **worker,
     )
     worker.start()
     try:
@@ -302,11 +314,16 @@ async def test_a_tick_decides_when_new_bounds_clamp_the_pin(db_url: str) -> None
         assert tick.record["verdict"] == "unchanged: target equals decision 2 (pending)"
 
 
-async def test_a_crashed_leader_is_replaced_within_the_lease_ttl(db_url: str) -> None:
+async def test_a_crashed_leader_is_replaced_when_its_lease_runs_out(db_url: str) -> None:
     """A planner that dies without releasing its lease (SIGKILL) hands the deployment to another
-    process once the lease expires: LEASE_TTL_S after its last renewal, not after a tick interval."""
+    process the moment the lease expires, LEASE_TTL_S after its last renewal: the standby asks
+    every LEASE_RENEW_S and also at the expiry it read, not only at its own cadence."""
     async with running_worker(db_url) as a:
-        await ticked(a, 1, "A's first tick")
+        await ticked(a, 1, "A's first tick")  # T0: A holds the lease until T0+30
+        a.clock.advance(5)
+        # A crashes at T0+5: its loop stops, its lease is left in the database.
+        a.worker._task.cancel()
+        await asyncio.gather(a.worker._task, return_exceptions=True)
         b = DeploymentWorker(
             config=a.worker.config,
             session_factory=a.sf,
@@ -317,18 +334,124 @@ async def test_a_crashed_leader_is_replaced_within_the_lease_ttl(db_url: str) ->
         )
         b.start()
         await eventually(lambda: b.lease_checked_at == a.clock.now(), "B's first lease check", a)
-        assert (a.worker.is_leader, b.is_leader) == (True, False)
+        assert (b.is_leader, b.lease_expires_at) == (False, T0 + timedelta(seconds=LEASE_TTL_S))
 
-        # A crashes: its loop stops, its lease (renewed at T0) is left in the database.
-        a.worker._task.cancel()
-        await asyncio.gather(a.worker._task, return_exceptions=True)
-
-        for step in range(1, 4):  # T0+10, +20, +30: A's lease (expiring at T0+30) still holds
+        for step in range(1, 3):  # T0+15, +25: A's lease still holds
             a.clock.advance(LEASE_RENEW_S)
             await eventually(lambda: b.lease_checked_at == a.clock.now(), f"B's lease check {step}", a)
             assert b.is_leader is False
-        a.clock.advance(LEASE_RENEW_S)  # T0+40: expired; B takes over and ticks at once
+        a.clock.advance(5)  # T0+30, the expiry (not B's T0+35): B takes over and ticks at once
         await eventually(lambda: b.last_tick_at == a.clock.now(), "B's first tick", a)
         assert b.is_leader is True
-        assert a.tick_times() == at(0, 40)
+        assert a.tick_times() == at(0, 30)
         await b.stop()
+
+
+class InjectedFpm(FpmSubscriber):
+    """An FPM subscriber without sockets: the test hands it the engines' records."""
+
+    def start(self) -> InjectedFpm:
+        return self
+
+    def receive(self, record: ForwardPassMetrics) -> None:
+        self._publish({record.key: (record, "inproc://engine", self._monotonic())}, [record], [])
+
+
+class ScrapeLike:
+    """A traffic source that, like the direct scrape, observes from its previous scrape (its
+    start-up check, a standby's check, or its previous observation) to now."""
+
+    name = "scrape-like"
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.baseline: datetime | None = None
+        self.windows: list[tuple[datetime, datetime]] = []
+
+    async def check(self) -> None:
+        self.baseline = self.clock.now()
+
+    async def observe(self, interval_s: float) -> TrafficObservation:
+        now = self.clock.now()
+        assert self.baseline is not None
+        self.windows.append((self.baseline, now))
+        duration_s = (now - self.baseline).total_seconds()
+        self.baseline = now
+        return TrafficObservation(duration_s=duration_s, num_req=0.0, isl=None, osl=None)
+
+
+def fpm_record(index: int) -> ForwardPassMetrics:
+    return ForwardPassMetrics(
+        worker_id="prefill-a",
+        dp_rank=0,
+        wall_time_s=0.01,
+        scheduled=ScheduledRequestMetrics(num_prefill_requests=1, sum_prefill_tokens=1000 + index),
+    )
+
+
+async def test_a_standby_takes_over_without_counting_what_the_leader_counted(db_url: str) -> None:
+    """What the first tick after a takeover reads starts at the standby's previous lease check,
+    after the dead leader's last tick (which renewed its lease): the traffic window does not
+    reach back to the standby's start-up, and the forward passes the leader trained on are not
+    trained on again."""
+    config = DeploymentsFile.model_validate(
+        demo_config(scaling={"algorithm": "sla", "interval_s": 5.0})
+    ).deployments[0]
+    fpm_a = {role: InjectedFpm(["tcp://127.0.0.1:1"], engine_timeout_s=600) for role in config.roles}
+    fpm_b = {role: InjectedFpm(["tcp://127.0.0.1:1"], engine_timeout_s=600) for role in config.roles}
+
+    def publish(index: int) -> None:  # an engine's record reaches both planners
+        fpm_a["prefill"].receive(fpm_record(index))
+        fpm_b["prefill"].receive(fpm_record(index))
+
+    async with running_worker(db_url, config, fpm=fpm_a) as a:
+        a.worker.source = source_a = ScrapeLike(a.clock)
+        source_b = ScrapeLike(a.clock)
+        # A ticks at T0, renewing its lease until T0+30; B starts as its standby.
+        await ticked(a, 1, "A's first tick")
+        b = DeploymentWorker(
+            config=config,
+            session_factory=a.sf,
+            hub=a.worker._hub,
+            metrics=a.metrics,
+            clock=a.clock,
+            holder=process_identity(),
+            source=source_b,
+            fpm=fpm_b,
+        )
+        seen: list[tuple[datetime, Gathered]] = []
+        tick = b.tick
+
+        def recording_tick(now: datetime, gathered: Gathered | None = None) -> Any:
+            seen.append((now, gathered))  # type: ignore[arg-type]
+            return tick(now, gathered)
+
+        b.tick = recording_tick  # type: ignore[method-assign]
+        b.start()
+        await eventually(lambda: b.lease_checked_at == a.clock.now(), "B's first lease check", a)
+        assert b.is_leader is False
+
+        publish(1)
+        a.clock.advance(5)  # T0+5: A ticks and trains on record 1, renewing until T0+35
+        await ticked(a, 2, "A's second tick")
+        assert source_a.windows[-1] == (T0, T0 + timedelta(seconds=5))
+        a.worker._task.cancel()  # A crashes
+        await asyncio.gather(a.worker._task, return_exceptions=True)
+
+        for offset_s, index in ((10, 2), (20, 3), (30, 4)):  # B's lease checks; records in between
+            publish(index)
+            a.clock.advance(offset_s - (a.clock.now() - T0).total_seconds())
+            await eventually(lambda: b.lease_checked_at == a.clock.now(), f"B's check at +{offset_s}", a)
+            assert b.is_leader is False
+        publish(5)
+        a.clock.advance(5)  # T0+35: A's lease ran out; B takes over and ticks at once
+        await eventually(lambda: b.last_tick_at == a.clock.now(), "B's first tick", a)
+        await b.stop()
+
+    assert [now for now, _ in seen] == [T0 + timedelta(seconds=35)]
+    gathered = seen[0][1]
+    # Only what came after B's last standby check (T0+30): record 5, not the leader's record 1
+    # nor the buffer since B started; and not taken as every record since the last tick.
+    assert [r.scheduled.sum_prefill_tokens for r in gathered.fpm_new["prefill"]] == [1005]
+    assert gathered.fpm_complete == {"prefill": False, "decode": False}
+    assert source_b.windows == [(T0 + timedelta(seconds=30), T0 + timedelta(seconds=35))]

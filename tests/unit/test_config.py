@@ -548,6 +548,33 @@ def test_time_scale_defaults_to_real_time(planner_env: pytest.MonkeyPatch) -> No
     assert load_settings().time_scale == 1.0
 
 
+@pytest.mark.parametrize(
+    ("ttl", "renew", "error"),
+    [
+        (None, None, None),  # the defaults: 30 and 10
+        ("4", "1", None),
+        ("10", "10", "PLANNER_LEASE_RENEW_S: Value error, must be shorter than PLANNER_LEASE_TTL_S (10 s)"),
+        (None, "45", "PLANNER_LEASE_RENEW_S: Value error, must be shorter than PLANNER_LEASE_TTL_S (30 s)"),
+        ("0", None, "PLANNER_LEASE_TTL_S: Input should be greater than 0"),
+        (None, "-1", "PLANNER_LEASE_RENEW_S: Input should be greater than 0"),
+    ],
+)
+def test_lease_settings(
+    planner_env: pytest.MonkeyPatch, ttl: str | None, renew: str | None, error: str | None
+) -> None:
+    """The worker lease (failover between replicas): renewed before it can expire."""
+    for name, value in (("PLANNER_LEASE_TTL_S", ttl), ("PLANNER_LEASE_RENEW_S", renew)):
+        if value is not None:
+            planner_env.setenv(name, value)
+    if error is not None:
+        with pytest.raises(ConfigError) as info:
+            load_settings()
+        assert str(info.value) == error
+    else:
+        s = load_settings()
+        assert (s.lease_ttl_s, s.lease_renew_s) == (float(ttl or 30), float(renew or 10))
+
+
 def _undescribed(model: type, path: str) -> list[str]:
     """Every field of the deployments file, at any depth, that has no description."""
     missing = []

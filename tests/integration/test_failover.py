@@ -1,0 +1,402 @@
+"""Failover: two `planner serve` processes on one PostgreSQL database, the one leading the
+deployment's worker is SIGKILLed, and the other takes over (PostgreSQL only).
+
+SLA scaling decides from real traffic (a stand-in frontend's `/metrics`, scraped directly,
+ramping up so that the wish keeps rising); the shipped example orchestrator, given both URLs,
+applies and acknowledges every decision. The test pins what failover promises:
+- the survivor takes the worker loop over within the lease's TTL of the kill (and not before
+  the dead leader's lease ran out);
+- decision ids continue without a gap or a duplicate, each decision applied exactly once;
+- the survivor resumes the learned state the dead leader stored, not a cold start;
+- an orchestrator long-polling the survivor sees every decision, the one that was polling the
+  dead process moves over and goes on where it left.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
+
+from app.core.planner import PlannerState
+from app.sim.frontend import FrontendCounters
+from app.store.models import Decision, PlannerStateRow, Tick
+from tests.support import (
+    OPER,
+    ORCH,
+    REPO_ROOT,
+    TOKENS,
+    VIEWER,
+    PlannerProcess,
+    PostgresDatabases,
+    demo_config,
+    expect,
+    logs,
+    start_or_fail,
+    write_config,
+)
+from tests.support_frontend import Canned, StandInServer
+
+pytestmark = [pytest.mark.postgres, pytest.mark.timeout(240)]
+
+H200 = str(REPO_ROOT / "data" / "profiles" / "h200-llama3.1-8b-fp8")
+TICK_S = 1.0
+LEASE_TTL_S = 4.0
+LEASE_RENEW_S = 1.0
+# Scheduling slack on a loaded machine: the survivor asks for the lease at its expiry and
+# ticks with the same `now`, so this is only the event loop's lateness.
+SLACK_S = 1.0
+ISL, OSL = 3000, 200
+
+
+# --- the world: a frontend whose traffic ramps up ---------------------------------------------------
+
+
+class RampingFrontend:
+    """A stand-in frontend's `/metrics`: requests of ISL/OSL tokens arrive at a rate that grows
+    by `step_rps` every second from `start_rps`, and the counters say so every 0.1 s."""
+
+    def __init__(self, start_rps: float, step_rps: float) -> None:
+        self.counters = FrontendCounters(model="llama")
+        self.server = StandInServer()
+        self.start_rps, self.step_rps = start_rps, step_rps
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def _publish(self) -> None:
+        self.server.answer = Canned(body=self.counters.render_prometheus().encode())
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        owed = 0.0
+        while not self._stop.wait(0.1):
+            rate = self.start_rps + self.step_rps * (time.monotonic() - started)
+            owed += rate * 0.1
+            while owed >= 1:
+                owed -= 1
+                self.counters.on_arrival()
+                self.counters.on_first_token(0.2)
+                self.counters.on_complete(ISL, OSL, 0.02, 4.2)
+            self._publish()
+
+    def __enter__(self) -> RampingFrontend:
+        self._publish()
+        self.server.__enter__()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.server.__exit__(*exc)
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+
+def deployments(frontend_url: str) -> dict[str, Any]:
+    return demo_config(
+        profile=H200,
+        sla={"ttft_ms": 500, "itl_ms": 50},
+        prefill={"min_replicas": 1, "max_replicas": 64},
+        decode={"min_replicas": 1, "max_replicas": 64},
+        # No forecast, short windows: the decisions follow the ramp within a few ticks, and the
+        # level history (kept once a trend window was watched) starts after 5 s.
+        scaling={
+            "algorithm": "sla",
+            "interval_s": TICK_S,
+            "trend": False,
+            "level_window_s": 5.0,
+            "burst_window_s": 2.0,
+            "trend_window_s": 5.0,
+        },
+        sources={"frontend_url": frontend_url},
+    )
+
+
+def worker_state(proc: PlannerProcess) -> dict[str, Any] | None:
+    try:
+        r = httpx.get(f"{proc.base_url}/deployments/demo", headers=VIEWER, timeout=5)
+    except httpx.HTTPError:
+        return None
+    return r.json()["worker"] if r.status_code == 200 else None
+
+
+def wait_for(condition, what: str, *procs: PlannerProcess, timeout_s: float = 60.0, pause_s: float = 0.05):
+    """The first truthy value of `condition()` (bounded; a wait, not a timing assertion)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(pause_s)
+    raise AssertionError(f"never happened within {timeout_s:g} s: {what}\n" + logs(*procs))
+
+
+def applied_ids(path: Path) -> list[int]:
+    """The decision ids the orchestrator's command ran for, in order."""
+    if not path.exists():
+        return []
+    return [int(line.split()[0]) for line in path.read_text().splitlines() if line.strip()]
+
+
+def learned(blob: bytes) -> PlannerState:
+    _version, deployment, _fingerprint, state = pickle.loads(blob)  # noqa: S301 (our own store's bytes)
+    assert deployment == "demo"
+    return state
+
+
+class Watcher:
+    """A second orchestrator-role client that only long-polls one planner and records every
+    decision id it is handed (it never acknowledges)."""
+
+    def __init__(self, proc: PlannerProcess) -> None:
+        self.proc = proc
+        self.seen: list[int] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        after = 0
+        with httpx.Client(base_url=self.proc.base_url, headers=ORCH, timeout=30) as client:
+            while not self._stop.is_set():
+                try:
+                    r = client.get(
+                        "/decisions/wait", params={"deployment": "demo", "after": after, "timeout_s": 2}
+                    )
+                except httpx.HTTPError as exc:
+                    self.errors.append(repr(exc))
+                    time.sleep(0.2)
+                    continue
+                if r.status_code == 200:
+                    after = r.json()["id"]
+                    self.seen.append(after)
+                elif r.status_code != 204:
+                    self.errors.append(f"{r.status_code} {r.text}")
+
+    def __enter__(self) -> Watcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+@pytest.fixture
+def database(pg_dbs: PostgresDatabases) -> Iterator[str]:
+    url = pg_dbs.fresh()
+    yield url
+    pg_dbs.drop(url)
+
+
+# --- the test -----------------------------------------------------------------------------------------
+
+
+def test_sigkilled_leader_is_replaced_and_nothing_is_lost(database: str, tmp_path: Path) -> None:
+    engine = create_engine(database)
+    applied = tmp_path / "applied.txt"
+    state_file = tmp_path / "orchestrator.state.json"
+    env = {"PLANNER_LEASE_TTL_S": str(LEASE_TTL_S), "PLANNER_LEASE_RENEW_S": str(LEASE_RENEW_S)}
+    procs: list[PlannerProcess] = []
+    orchestrator: subprocess.Popen[str] | None = None
+    try:
+        with RampingFrontend(start_rps=20, step_rps=2) as frontend:
+            config = write_config(tmp_path / "planner.yaml", deployments(frontend.url))
+            for name in ("a", "b"):
+                proc = PlannerProcess(
+                    database, config, tokens=TOKENS, extra_env=env, log_path=tmp_path / f"planner-{name}.log"
+                )
+                procs.append(start_or_fail(proc))
+
+            # Exactly one of them leads; the other is the standby that survives.
+            states = wait_for(
+                lambda: (
+                    (s := [worker_state(p) for p in procs])
+                    and all(x and x["lease_checked_at"] for x in s)
+                    and s
+                ),
+                "both workers asked for the lease",
+                *procs,
+            )
+            assert sorted(s["leader"] for s in states) == [False, True], states
+            leader, survivor = procs if states[0]["leader"] else procs[::-1]
+
+            with Watcher(survivor) as watcher:
+                orchestrator = subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(REPO_ROOT / "examples" / "orchestrator.py"),
+                        "--url",
+                        f"{leader.base_url},{survivor.base_url}",
+                        "--deployment",
+                        "demo",
+                        "--token",
+                        ORCH["Authorization"].removeprefix("Bearer "),
+                        "--state-file",
+                        str(state_file),
+                        "--command",
+                        f"sh -c 'echo {{id}} {{prefill}} {{decode}} >> {applied}'",
+                        "--wait-s",
+                        "5",
+                        "--max-backoff-s",
+                        "1",
+                    ],
+                    stdout=open(tmp_path / "orchestrator.out", "w"),
+                    stderr=open(tmp_path / "orchestrator.err", "w"),
+                    text=True,
+                )
+                with httpx.Client(base_url=leader.base_url, headers=OPER, timeout=10) as client:
+                    # A first inventory for SLA scaling: the operator pins 1 + 1 and lets go once
+                    # the orchestrator applied it.
+                    pinned = expect(
+                        client.post(
+                            "/override",
+                            json={
+                                "deployment": "demo",
+                                "action": "pin",
+                                "num_prefill": 1,
+                                "num_decode": 1,
+                                "reason": "first inventory",
+                            },
+                        ),
+                        201,
+                        *procs,
+                    )
+                    wait_for(lambda: applied_ids(applied) == [1], "the pin applied", *procs)
+                    expect(client.delete(f"/override/{pinned['id']}"), 200, *procs)
+
+                # The leader's SLA scaling decides and the orchestrator applies.
+                wait_for(lambda: len(applied_ids(applied)) >= 4, "three SLA decisions applied", *procs)
+                with Session(engine) as session:
+                    before = list(session.scalars(select(Decision).order_by(Decision.decision_id)))
+                wait_for(lambda: len(applied_ids(applied)) > len(before), "the next decision applied", *procs)
+
+                leader.kill()
+                killed_at = datetime.now(UTC)
+                assert leader.proc is not None and leader.proc.returncode == -9
+                with Session(engine) as session:
+                    dead_ticks = list(session.scalars(select(Tick).order_by(Tick.id)))
+                    dead_state = session.get(PlannerStateRow, "demo")
+                    dead_decisions = list(session.scalars(select(Decision).order_by(Decision.decision_id)))
+                assert dead_state is not None
+                dead_learned = learned(dead_state.state)
+                last_dead = dead_ticks[-1]
+                # The dead leader's last tick is the state it stored (saved with the tick).
+                assert dead_state.saved_at == last_dead.at
+
+                # The survivor takes over and ticks at once.
+                def survivor_tick() -> Tick | None:
+                    with Session(engine) as session:
+                        return session.scalars(
+                            select(Tick).where(Tick.id > last_dead.id).order_by(Tick.id).limit(1)
+                        ).first()
+
+                first = wait_for(survivor_tick, "the survivor's first tick", survivor)
+                assert (worker_state(survivor) or {}).get("leader") is True
+                takeover_s = (first.at - killed_at).total_seconds()
+                print(f"\ntakeover: the survivor's first tick {takeover_s:.2f} s after the SIGKILL")
+                assert takeover_s <= LEASE_TTL_S + SLACK_S, takeover_s
+                # Not before the dead leader's lease ran out (its last renewal was at most
+                # LEASE_RENEW_S before the kill): never two leaders.
+                assert takeover_s >= LEASE_TTL_S - LEASE_RENEW_S - SLACK_S, takeover_s
+
+                # The survivor decides on, and the orchestrator follows it there.
+                count = len(dead_decisions)
+                wait_for(
+                    lambda: len(applied_ids(applied)) >= count + 2,
+                    "two decisions of the survivor applied",
+                    survivor,
+                )
+                frontend._stop.set()  # no more traffic growth: the decisions settle
+                with Session(engine) as session:
+                    latest = session.scalars(
+                        select(Decision).order_by(Decision.decision_id.desc()).limit(1)
+                    ).one()
+                wait_for(
+                    lambda: (
+                        applied_ids(applied)[-1:] == [latest.decision_id]
+                        and len(watcher.seen) > 0
+                        and watcher.seen[-1] >= latest.decision_id
+                    ),
+                    "the latest decision applied and seen",
+                    survivor,
+                )
+            orchestrator.terminate()
+            orchestrator.wait(timeout=10)
+
+        with Session(engine) as session:
+            decisions = list(session.scalars(select(Decision).order_by(Decision.decision_id)))
+            ticks = {t.id: t for t in session.scalars(select(Tick))}
+            state_now = session.get(PlannerStateRow, "demo")
+        ids = [d.decision_id for d in decisions]
+        out = (tmp_path / "orchestrator.out").read_text()
+        err = (tmp_path / "orchestrator.err").read_text()
+        report = f"\ndecisions {ids}\napplied {applied_ids(applied)}\nseen {watcher.seen}\n{out}\n{err}\n"
+        report += logs(survivor)
+
+        # Ids continue across the failover: no gap, no duplicate; both processes decided.
+        assert ids == list(range(1, len(ids) + 1)), report
+        dead_ids = [d.decision_id for d in dead_decisions]
+        assert dead_ids == ids[: len(dead_ids)], report
+        by_survivor = [d for d in decisions if d.tick_id is not None and ticks[d.tick_id].at >= first.at]
+        by_leader = [d for d in decisions if d.tick_id is not None and ticks[d.tick_id].at <= last_dead.at]
+        assert len(by_leader) >= 3 and len(by_survivor) >= 2, report
+        assert {d.source for d in by_leader + by_survivor} == {"sla"}, report
+        # Every decision was applied exactly once, in order, and acknowledged succeeded (each
+        # one was the latest when it was handed out: nothing superseded or expired).
+        assert applied_ids(applied) == ids, report
+        assert [d.status for d in decisions] == ["succeeded"] * len(ids), report
+        assert out.splitlines() == [f"decision {i}: succeeded (exit status 0)" for i in ids], report
+        # The orchestrator that polled the dead process moved to the survivor.
+        assert f"planner {leader.base_url} unreachable" in err, report
+        # The watcher long-polling the survivor all along saw every decision, in order.
+        assert watcher.seen == ids, report
+        assert watcher.errors == [], report
+
+        # The survivor resumed what the dead leader learned and stored, not a cold start: its
+        # log says so, and the stored state still starts at the dead leader's first tick, with
+        # the dead leader's traffic samples and level history in it.
+        saved_at = dead_state.saved_at.isoformat()
+        log_text = Path(survivor.log_path or "").read_text()
+        resumed_line = rf"\[demo\] resumed the learned state saved at {re.escape(saved_at)}"
+        assert re.search(resumed_line, log_text), report
+        assert first.record["latest_decision_id"] == dead_ids[-1], report
+        # Its first observation starts after the dead leader's last one ended (at the standby's
+        # last lease check, not at its start-up scrape): no request is counted twice.
+        observed = first.record["traffic"]["observed"]
+        assert observed is not None and 0 < observed["duration_s"] <= LEASE_RENEW_S + SLACK_S, report
+        window_start = first.at.timestamp() - observed["duration_s"]
+        assert window_start >= last_dead.at.timestamp(), report
+        assert state_now is not None
+        resumed = learned(state_now.state)
+        first_tick = min(ticks.values(), key=lambda t: t.id)
+        assert dead_learned.sla.first_s == first_tick.at.timestamp()
+        assert resumed.sla.first_s == dead_learned.sla.first_s, report
+        dead_samples = [s for s in dead_learned.sla.samples if s.end_s <= last_dead.at.timestamp()]
+        assert dead_samples and all(s in resumed.sla.samples for s in dead_samples), report
+        dead_history = list(dead_learned.sla.history)
+        assert dead_history and list(resumed.sla.history)[: len(dead_history)] == dead_history, report
+    finally:
+        if orchestrator is not None and orchestrator.poll() is None:
+            orchestrator.kill()
+        for proc in procs:
+            proc.stop()
+        engine.dispose()
