@@ -60,7 +60,9 @@ def make_fpm_subscribers(
     found = deployment.sources.fpm_discovery
     discovery = FileDiscovery(found.path) if found is not None else None
     subscribers = {}
-    for role, endpoints in deployment.fpm_endpoints_by_role().items():
+    listed = deployment.fpm_endpoints_by_role()
+    for role in deployment.roles:
+        endpoints = listed.get(role, [])
         discover = None
         if found is not None and discovery is not None:
             component = found.components.get(role, DEFAULT_COMPONENTS[role])

@@ -42,6 +42,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -138,6 +139,7 @@ class StackConfig:
     speedup: float = 1.0  # the mocker's `--speedup-ratio`: < 1 makes every iteration slower
     max_num_batched_tokens: int = 8192
     num_gpu_blocks: int | None = None  # None: the mocker's default KV capacity
+    decode_max_num_seqs: int | None = None  # a decode engine's batch limit (None: the mocker's 256)
     namespace: str = NAMESPACE
     model_name: str = MODEL_NAME
     extra_worker_args: list[str] = field(default_factory=list)
@@ -169,6 +171,7 @@ class Stack:
         self.frontend: Proc | None = None
         self.workers: list[Proc] = []
         self.profile_npz: Path | None = None
+        self._lock = threading.RLock()  # the orchestrator drains workers from threads
 
     # --- state file ---
 
@@ -177,6 +180,10 @@ class Stack:
         return self.workdir / "stack.json"
 
     def save(self) -> None:
+        with self._lock:
+            self._save()
+
+    def _save(self) -> None:
         state = {
             "config": asdict(self.config),
             "profile_npz": str(self.profile_npz) if self.profile_npz else None,
@@ -320,6 +327,8 @@ class Stack:
         ]
         if self.config.num_gpu_blocks is not None:
             args += ["--num-gpu-blocks-override", str(self.config.num_gpu_blocks)]
+        if role == "decode" and self.config.decode_max_num_seqs is not None:
+            args += ["--max-num-seqs", str(self.config.decode_max_num_seqs)]
         return args + list(self.config.extra_worker_args)
 
     def start_worker(self, role: str) -> Proc:
