@@ -43,12 +43,20 @@ bench: $(STAMP)
 	done
 
 lint: $(STAMP)
-	$(BIN)/ruff check app tests bench
+	$(BIN)/ruff check app tests bench deploy
 
-# NVIDIA Dynamo 1.6.1 in its own venv, .venv-dynamo, for bench/dynamo_replay.py (docs/benchmarks.md).
-.PHONY: dynamo-venv
+# NVIDIA Dynamo 1.6.1 in its own venv, .venv-dynamo, for bench/dynamo_replay.py (docs/benchmarks.md)
+# and the live stack (deploy/dynamo-local/, make run-dynamo).
+.PHONY: dynamo-venv run-dynamo
 dynamo-venv:
 	bash bench/install_dynamo.sh
+
+# The planner steering a live Dynamo stack: the real frontend and mocker workers on loopback, the
+# service and an orchestrator that starts and drains workers (extra flags: DYNAMO_ARGS='--load none').
+DYNAMO_ARGS ?=
+run-dynamo: $(STAMP)
+	@test -x .venv-dynamo/bin/python || { echo "Dynamo's venv is missing: make dynamo-venv"; exit 1; }
+	PYTHONPATH=$(CURDIR) $(BIN)/python deploy/dynamo-local/run.py $(DYNAMO_ARGS)
 
 openapi: $(STAMP)
 	$(BIN)/planner openapi

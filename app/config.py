@@ -163,6 +163,24 @@ class PrometheusSource(Strict):
     labels: dict[str, str] = Field(default_factory=dict, description="label matchers for every query")
 
 
+class FpmDiscoveryConfig(Strict):
+    """The engines' FPM publishers from Dynamo's discovery (app/sources/dynamo_discovery.py)."""
+
+    backend: Literal["file"] = Field(default="file", description="Dynamo's discovery backend (file only)")
+    path: str | None = Field(
+        default=None,
+        description="the file backend's folder (Dynamo's DYN_FILE_KV); default $DYN_FILE_KV, "
+        "else $TMPDIR/dynamo_store_kv, as Dynamo",
+    )
+    namespace: str = Field(default="dynamo", description="the Dynamo namespace of the workers")
+    components: dict[Role, str] = Field(
+        default_factory=dict,
+        description="Dynamo component per role; default prefill: prefill, decode: backend, "
+        "workers: backend (Dynamo's defaults)",
+    )
+    refresh_s: float = Field(default=1.0, gt=0, description="how often discovery is read (s)")
+
+
 class SourcesConfig(Strict):
     prometheus: PrometheusSource | None = Field(default=None, description="read traffic from Prometheus")
     frontend_url: str | None = Field(default=None, description="else scrape the frontend's /metrics directly")
@@ -170,6 +188,11 @@ class SourcesConfig(Strict):
         default_factory=list,
         description="ZMQ endpoints of the engines' ForwardPassMetrics publishers, per role "
         "({prefill: [...], decode: [...]}); a plain list for a single-role mode",
+    )
+    fpm_discovery: FpmDiscoveryConfig | None = Field(
+        default=None,
+        description="find the FPM publishers in Dynamo's discovery (as workers come and go), "
+        "besides any fpm_endpoints",
     )
 
 

@@ -1,8 +1,24 @@
 """ForwardPassMetrics (FPM) ingestion: a ZMQ SUB client on each engine's publisher.
 
-Engines publish one record per scheduler iteration as the multipart message
-`(topic, 8-byte big-endian sequence, msgpack payload)` (reference notes §4.2); the payload is
-read by `ForwardPassMetrics.from_wire` (map or positional array, E3 or E4).
+Engines publish one record per scheduler iteration, in one of two layouts, told apart by the
+frame count; the record itself is read by `ForwardPassMetrics.from_wire` (map or positional
+array, E3 or E4):
+
+- the engine's own socket (vLLM's `_FpmPublisherThread`, local to the engine's pod), 3 frames:
+  `(topic, 8-byte big-endian sequence, msgpack record)` (reference notes §4.2);
+- Dynamo's event plane (`--event-plane zmq`: what `FpmDirectPublisher`, the mocker and
+  `FpmEventRelay` publish, and what discovery names), 4 frames, checked against Dynamo 1.6.1
+  (tests/data/dynamo-1.6.1/fpm_event_plane.json): `(topic "forward-pass-metrics", 8-byte
+  big-endian publisher id, 8-byte big-endian sequence, frame)`, where the frame is a 5-byte
+  header (version 1, then the 4-byte big-endian length of the rest) and a msgpack envelope map
+  `{publisher_id, sequence, published_at, topic, payload}` whose `payload` (bytes) is the
+  msgpack record. Before this was read here, the planner could subscribe only to the engine's own
+  socket, which Dynamo does not advertise, so every endpoint had to be listed by hand.
+
+The endpoints are a fixed list, or come from a `discover` callable (Dynamo's discovery, see
+app/sources/dynamo_discovery.py) that the thread calls every `discover_every_s`: a publisher that
+appears is subscribed to, one that disappears is closed and its engines leave the inventory at
+once (counted in `removed`).
 
 `FpmSubscriber` runs one daemon thread that owns a zmq Context and one SUB socket per endpoint,
 so ingestion never runs on (or blocks) the event loop; consumers read a copy with `snapshot()`
@@ -98,6 +114,8 @@ class FpmSnapshot:
     last_error: str | None  # the most recent malformed message's reason, from any endpoint
     running: bool
     failure: str | None  # why the ingestion thread stopped on its own, if it did
+    removed: int = 0  # engines that left with their publisher (it left discovery)
+    discovery_error: str | None = None  # the last failed `discover()` call's reason, until one works
 
     def records(self, endpoints: Collection[str] | None = None) -> dict[EngineKey, ForwardPassMetrics]:
         """The latest record per engine (of the given endpoints only, e.g. one role's)."""
@@ -174,6 +192,30 @@ def _describe(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+EVENT_FRAME_VERSION = 1  # Dynamo's event-plane frame header: version byte, then u32 BE length
+_EVENT_HEADER = 5
+
+
+def unwrap_event_frame(frame: bytes) -> bytes:
+    """The msgpack FPM record inside one Dynamo event-plane frame (the last of its 4 frames).
+    Raises ValueError naming what is wrong."""
+    if len(frame) < _EVENT_HEADER:
+        raise ValueError(f"event frame is {len(frame)} bytes, shorter than its 5-byte header")
+    if frame[0] != EVENT_FRAME_VERSION:
+        raise ValueError(f"event frame version {frame[0]}, expected {EVENT_FRAME_VERSION}")
+    length = int.from_bytes(frame[1:_EVENT_HEADER], "big")
+    if length != len(frame) - _EVENT_HEADER:
+        raise ValueError(f"event frame says {length} bytes follow its header, {len(frame) - 5} do")
+    try:
+        envelope = msgpack.unpackb(memoryview(frame)[_EVENT_HEADER:], raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise ValueError(f"event envelope is not msgpack ({_describe(exc)})") from None
+    payload = envelope.get("payload") if type(envelope) is dict else None
+    if type(payload) is not bytes:
+        raise ValueError("event envelope: payload missing or not bytes")
+    return payload
+
+
 def validate_endpoint(endpoint: str) -> str | None:
     """Why `endpoint` is not an address a SUB socket can connect to, or None if it is."""
     transport, sep, address = endpoint.partition("://")
@@ -208,12 +250,19 @@ class FpmSubscriber:
         monotonic: Callable[[], float] = time.monotonic,
         rcvhwm: int = DEFAULT_RCVHWM,
         trainable_limit: int = DEFAULT_TRAINABLE_LIMIT,
+        discover: Callable[[], Collection[str]] | None = None,
+        discover_every_s: float = 1.0,
     ) -> None:
         if engine_timeout_s <= 0:
             raise ValueError(f"engine_timeout_s must be positive, got {engine_timeout_s}")
         if len(set(endpoints)) != len(endpoints):
             raise ValueError("an FPM endpoint is listed twice")
-        self.endpoints = list(endpoints)
+        self._static = list(endpoints)
+        self.endpoints = list(endpoints)  # what is subscribed to now (the thread updates it)
+        self._discover = discover
+        self._discover_every_s = discover_every_s
+        self._removed = 0
+        self._discovery_error: str | None = None
         self.engine_timeout_s = engine_timeout_s
         self._monotonic = monotonic
         self._rcvhwm = rcvhwm
@@ -222,7 +271,7 @@ class FpmSubscriber:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._context: zmq.Context | None = None
-        self._sockets: list[zmq.Socket] = []
+        self._sockets: dict[str, zmq.Socket] = {}
         self._state = {ep: _Endpoint(ep) for ep in self.endpoints}
         self._latest: dict[EngineKey, _Entry] = {}
         self._trainable: deque[ForwardPassMetrics] = deque(maxlen=trainable_limit)
@@ -234,14 +283,20 @@ class FpmSubscriber:
     # --- lifecycle ------------------------------------------------------------------------------
 
     def check(self) -> None:
-        """Raise `SourceUnavailableError` unless every endpoint is a valid ZMQ address.
+        """Raise `SourceUnavailableError` unless every endpoint is a valid ZMQ address (and, with
+        discovery, unless discovery can be read).
 
         Nothing is contacted: a SUB socket connects lazily and an engine that is not up yet is
         simply silent, which the inventory shows."""
-        for endpoint in self.endpoints:
+        for endpoint in self._static:
             reason = validate_endpoint(endpoint)
             if reason is not None:
                 raise SourceUnavailableError(SOURCE_NAME, f"{endpoint!r} is not a ZMQ address: {reason}")
+        if self._discover is not None:
+            try:
+                self._discover()
+            except Exception as exc:
+                raise SourceUnavailableError(SOURCE_NAME, f"discovery: {_describe(exc)}") from None
 
     def start(self) -> FpmSubscriber:
         if self._thread is not None:
@@ -251,13 +306,8 @@ class FpmSubscriber:
         # it then owns is allowed; the thread start is the memory barrier zmq asks for).
         self._context = zmq.Context()
         try:
-            for endpoint in self.endpoints:
-                sock = self._context.socket(zmq.SUB)
-                self._sockets.append(sock)
-                sock.setsockopt(zmq.LINGER, 0)
-                sock.setsockopt(zmq.RCVHWM, self._rcvhwm)
-                sock.setsockopt(zmq.SUBSCRIBE, b"")
-                sock.connect(endpoint)
+            for endpoint in self._static:
+                self._open(endpoint)
         except zmq.ZMQError as exc:
             self._close_sockets()
             raise SourceUnavailableError(SOURCE_NAME, f"cannot connect: {exc}") from None
@@ -282,6 +332,16 @@ class FpmSubscriber:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+    def _open(self, endpoint: str) -> zmq.Socket:
+        assert self._context is not None
+        sock = self._context.socket(zmq.SUB)
+        self._sockets[endpoint] = sock
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, self._rcvhwm)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(endpoint)
+        return sock
 
     @property
     def running(self) -> bool:
@@ -317,6 +377,8 @@ class FpmSubscriber:
             last_error=last_error,
             running=self.running,
             failure=self._failure,
+            removed=self._removed,
+            discovery_error=self._discovery_error,
         )
 
     def new_trainable_records(self) -> list[ForwardPassMetrics]:
@@ -361,11 +423,15 @@ class FpmSubscriber:
     def _loop(self) -> None:
         poller = zmq.Poller()
         state_of: dict[Any, _Endpoint] = {}
-        for sock, endpoint in zip(self._sockets, self.endpoints, strict=True):
+        for endpoint, sock in self._sockets.items():
             poller.register(sock, zmq.POLLIN)
             state_of[sock] = self._state[endpoint]
         next_expiry = self._monotonic() + EXPIRE_EVERY_S
+        next_discovery = self._monotonic()
         while not self._stop.is_set():
+            if self._discover is not None and self._monotonic() >= next_discovery:
+                self._rediscover(poller, state_of)
+                next_discovery = self._monotonic() + self._discover_every_s
             ready = poller.poll(POLL_TIMEOUT_MS)
             now = self._monotonic()
             if ready:
@@ -378,6 +444,64 @@ class FpmSubscriber:
                     latest_copy = self._latest.copy()
                 self._expire(now, latest_copy)
                 next_expiry = now + EXPIRE_EVERY_S
+
+    def _rediscover(self, poller: zmq.Poller, state_of: dict[Any, _Endpoint]) -> None:
+        """Subscribe to the publishers discovery names now, close the ones it no longer names
+        (their engines leave the inventory at once). A failed `discover()` keeps what runs."""
+        assert self._discover is not None
+        try:
+            found = list(dict.fromkeys([*self._static, *self._discover()]))
+        except Exception as exc:
+            if self._discovery_error is None:
+                log.warning("FPM discovery failed (keeping %d publishers): %s", len(self._sockets), exc)
+            self._discovery_error = _describe(exc)
+            return
+        wanted = set(found)
+        gone = [ep for ep in self._sockets if ep not in wanted]
+        added = []
+        error = None
+        for endpoint in found:
+            if endpoint in self._sockets:
+                continue
+            reason = validate_endpoint(endpoint)
+            if reason is not None:
+                error = f"discovery named {endpoint!r}, not a ZMQ address: {reason}"
+                continue
+            added.append(endpoint)
+        if error is not None and error != self._discovery_error:
+            log.warning("FPM: %s", error)
+        self._discovery_error = error
+        for endpoint in gone:
+            sock = self._sockets.pop(endpoint)
+            poller.unregister(sock)
+            state_of.pop(sock, None)
+            sock.close(linger=0)
+        removed = 0
+        with self._lock:
+            for endpoint in gone:
+                self._state.pop(endpoint, None)
+            if gone:
+                stale = [key for key, (_, ep, _) in self._latest.items() if ep in gone]
+                for key in stale:
+                    del self._latest[key]
+                removed = len(stale)
+                self._removed += removed
+            for endpoint in added:
+                self._state[endpoint] = _Endpoint(endpoint)
+        for endpoint in added:
+            sock = self._open(endpoint)
+            poller.register(sock, zmq.POLLIN)
+            state_of[sock] = self._state[endpoint]
+        if gone or added:
+            self.endpoints = list(self._sockets)
+            log.info(
+                "FPM publishers: +%d %s, -%d %s (%d engines left with them)",
+                len(added),
+                added,
+                len(gone),
+                gone,
+                removed,
+            )
 
     def _drain(
         self,
@@ -419,11 +543,19 @@ class FpmSubscriber:
                 error = "expected 3 frames (topic, sequence, payload), got 2"
                 continue
             payload = recv()
-            if more(_RCVMORE):
-                extra = _discard_rest(sock)
-                malformed += 1
-                error = f"expected 3 frames (topic, sequence, payload), got {3 + extra}"
-                continue
+            if more(_RCVMORE):  # Dynamo's event plane: (topic, publisher id, sequence, frame)
+                seq_frame, frame = payload, recv()
+                if more(_RCVMORE):
+                    extra = _discard_rest(sock)
+                    malformed += 1
+                    error = f"expected 3 or 4 frames, got {4 + extra}"
+                    continue
+                try:
+                    payload = unwrap_event_frame(frame)
+                except ValueError as exc:
+                    malformed += 1
+                    error = str(exc)
+                    continue
             if len(seq_frame) != 8:
                 malformed += 1
                 error = f"sequence frame is {len(seq_frame)} bytes, expected 8"
@@ -481,9 +613,9 @@ class FpmSubscriber:
             log.warning("FPM: skipped a malformed message from %s: %s", t.state.endpoint, t.error)
 
     def _close_sockets(self) -> None:
-        for sock in self._sockets:
+        for sock in self._sockets.values():
             sock.close(linger=0)
-        self._sockets = []
+        self._sockets = {}
         if self._context is not None:
             self._context.term()
             self._context = None
@@ -516,6 +648,9 @@ def as_json(snapshot: FpmSnapshot) -> dict[str, Any]:
         "last_error": snapshot.last_error,
         "running": snapshot.running,
         "failure": snapshot.failure,
+        "removed": snapshot.removed,
+        "discovery_error": snapshot.discovery_error,
+        "publishers": sorted(snapshot.endpoints),
         "engines": [
             {
                 "worker_id": worker_id,

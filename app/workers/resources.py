@@ -13,6 +13,7 @@ import httpx
 from app.config import DeploymentConfig, KubernetesConnectorConfig
 from app.connectors.base import Connector
 from app.core.types import Role
+from app.sources.dynamo_discovery import DEFAULT_COMPONENTS, FileDiscovery
 from app.sources.fpm import FpmSubscriber
 from app.sources.frontend_scrape import FrontendScrapeSource
 from app.sources.traffic import TrafficSource, make_traffic_source
@@ -50,17 +51,29 @@ def make_source(
 def make_fpm_subscribers(
     deployment: DeploymentConfig, *, monotonic: Callable[[], float] | None = None
 ) -> dict[Role, FpmSubscriber]:
-    """One ForwardPassMetrics subscriber per role with endpoints, when load scaling is on or SLA
-    scaling decides (it reads the engines' queues and speed), not started: the worker starts and
-    stops them. `monotonic` as for `make_source`."""
+    """One ForwardPassMetrics subscriber per role with endpoints (listed, or found in Dynamo's
+    discovery with `sources.fpm_discovery`), when load scaling is on or SLA scaling decides (it
+    reads the engines' queues and speed), not started: the worker starts and stops them.
+    `monotonic` as for `make_source`."""
     if not deployment.load.enabled and deployment.scaling.algorithm != "sla":
         return {}
-    return {
-        role: FpmSubscriber(
+    found = deployment.sources.fpm_discovery
+    discovery = FileDiscovery(found.path) if found is not None else None
+    subscribers = {}
+    listed = deployment.fpm_endpoints_by_role()
+    for role in deployment.roles:
+        endpoints = listed.get(role, [])
+        discover = None
+        if found is not None and discovery is not None:
+            component = found.components.get(role, DEFAULT_COMPONENTS[role])
+            discover = discovery.fpm_discoverer(component, namespace=found.namespace)
+        if not endpoints and discover is None:
+            continue
+        subscribers[role] = FpmSubscriber(
             endpoints,
             engine_timeout_s=deployment.load.engine_timeout_s,
+            discover=discover,
+            **({"discover_every_s": found.refresh_s} if found is not None else {}),
             **({"monotonic": monotonic} if monotonic is not None else {}),
         )
-        for role, endpoints in deployment.fpm_endpoints_by_role().items()
-        if endpoints
-    }
+    return subscribers
