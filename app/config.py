@@ -325,6 +325,9 @@ class Settings(BaseSettings):
     # Demo and testing knob: the service's clock runs this many times faster than the wall clock
     # (`planner demo` sets it to its --speed). Intervals, timeouts and leases are in scaled seconds.
     time_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    # Demo knob: the service's clock is the one another process drives through this file
+    # (`planner demo`'s simulated clock, app/workers/clock.py SharedClock); overrides time_scale.
+    clock_file: str | None = None
 
     @field_validator("database_url")
     @classmethod
