@@ -411,8 +411,9 @@ class Demo:
         ]
         if s["clock_slowdowns"]:
             lines.append(
-                f"  simulated clock   slowed {s['clock_slowdowns']} time(s), to ×{s['slowest_clock_rate']:.2g} "
-                f"at the slowest (the simulator could not keep up with ×{self.options.speed:g})"
+                f"  simulated clock   slowed {s['clock_slowdowns']} time(s), "
+                f"to ×{s['slowest_clock_rate']:.2g} at the slowest "
+                f"(the simulator could not keep up with ×{self.options.speed:g})"
             )
         snap = self.sim.snapshot if self.sim else None
         if snap is not None:

@@ -1,15 +1,16 @@
 """The demo's simulator thread: the simulated cluster advanced on the simulated clock, in bounded
 slices, by one thread that owns it.
 
-- **Bounded slices.** Each step simulates at most `SLICE_WALL_S` wall seconds' worth of simulated
-  time at the clock's current rate, so no step can grow with the one before it (a step that has
-  to catch up a long way is cut into many short ones).
+- **Bounded slices.** Each step simulates at most `SLICE_SIM_S` simulated seconds, so no step can
+  grow with the one before it (a step that has to catch up a long way is cut into many short
+  ones), and the counters the planner scrapes move in small steps.
 - **The clock follows the simulator.** Simulated time is a `SharedClockWriter` (app/workers/clock.py)
-  that the planner service reads too, so both see the same seconds. When the simulator falls more
-  than `MAX_LAG_WALL_S` behind the clock, the clock slows to what the simulator achieves (the
-  first time with one warning in the log); once it has caught up, the clock speeds up again
-  towards --speed. The planner then sees the traffic the trace has, at a lower wall rate, instead of
-  a cluster that goes quiet while its clock runs on.
+  that the planner service reads too, so both see the same seconds. The clock runs at --speed, or
+  at `CAPACITY_MARGIN` of what the simulator achieves (simulated seconds per wall second of its
+  recent slices) when that is less, the first time with one warning in the log; more than
+  `MAX_LAG_SIM_S` behind, the clock is held back until the simulator has caught up. The planner
+  then sees the traffic the trace has, at a lower wall rate, instead of a cluster that goes quiet
+  while its clock runs on.
 - **Nobody else touches the cluster.** The frontend's `/metrics`, the demo's `/status` and the
   orchestrator read the latest `SimSnapshot` (published after every slice, an immutable object);
   the orchestrator orders engines through `order`, which the thread applies before its next
@@ -33,12 +34,21 @@ from app.workers.clock import SharedClockWriter
 
 log = logging.getLogger(__name__)
 
-STEP_S = 0.025  # wall seconds the thread waits when it has caught up with the clock
-SLICE_WALL_S = 0.25  # a slice simulates at most this many wall seconds at the clock's rate
-CONTROL_S = 1.0  # wall seconds between looks at how far behind the simulator is
-MAX_LAG_WALL_S = 1.0  # behind the clock by more than this (wall seconds at its rate): slow the clock
-SLOWDOWN_MARGIN = 0.8  # the slowed clock runs at this share of what the simulator achieved
-SPEEDUP_FACTOR = 1.2  # per CONTROL_S, while caught up, until back at --speed
+STEP_S = 0.02  # wall seconds the thread waits when it has caught up with the clock
+# A slice simulates at most this many simulated seconds: a tenth of the planner's 5 s tick, so the
+# counters the planner scrapes move smoothly, whatever the speed.
+SLICE_SIM_S = 0.5
+CONTROL_S = 0.5  # wall seconds between adjustments of the clock's rate to the simulator's capacity
+# Behind the clock by more than this many simulated seconds: hold the clock back (half the
+# simulator's capacity) until it has caught up. Under half of the planner's 5 s tick, so its windows
+# see the traffic of their own seconds.
+MAX_LAG_SIM_S = 2.0
+# The clock runs at this share of the simulator's capacity (simulated seconds per wall second of
+# its recent slices) when that is below --speed.
+CAPACITY_MARGIN = 0.8
+CAPACITY_WEIGHT = 0.2  # of a new slice in the capacity's moving average
+MIN_SLICE_FOR_CAPACITY_S = 0.05  # simulated seconds: shorter slices measure overheads only
+MAX_SPEEDUP = 1.5  # per CONTROL_S
 MIN_RATE_SHARE = 0.001  # of --speed: the slowest the clock goes
 DRAIN_EVERY_S = 1.0  # wall seconds between emptying the XPUB sockets' subscription queues
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -100,6 +110,8 @@ class SimulationThread:
         self.error: BaseException | None = None
         self.busy_s = 0.0
         self.slowdowns = 0  # times the clock was slowed
+        self.capacity: float | None = None  # simulated s per wall s of the recent slices
+        self._holding = False  # the clock held back until the simulator catches up
         self.slowest_rate = clock.rate
         self._ended: str | None = None
         self._summary: dict[str, Any] | None = None
@@ -142,7 +154,7 @@ class SimulationThread:
 
     def _run(self) -> None:
         cluster = self.cluster
-        control_wall, control_sim = time.monotonic(), cluster.now
+        control_wall = time.monotonic()
         drained_at = 0.0
         try:
             while not self._stop.is_set():
@@ -151,7 +163,9 @@ class SimulationThread:
                 if self.duration_s is not None:
                     target = min(target, self.duration_s)
                 if target > cluster.now:
-                    self._slice(min(target, cluster.now + max(self.clock.rate * SLICE_WALL_S, 1e-3)))
+                    self._slice(min(target, cluster.now + SLICE_SIM_S))
+                lag_s = max(0.0, target - cluster.now)
+                self._hold_back(lag_s)
                 wall = time.monotonic()
                 if wall - drained_at > DRAIN_EVERY_S:
                     self.publisher.drain_subscriptions()
@@ -159,9 +173,9 @@ class SimulationThread:
                 self._check_end()
                 self.snapshot = self._take_snapshot()
                 if wall - control_wall >= CONTROL_S:
-                    self._govern(cluster.now - control_sim, wall - control_wall)
-                    control_wall, control_sim = wall, cluster.now
-                if cluster.now >= target:
+                    self._follow_capacity(lag_s)
+                    control_wall = wall
+                if lag_s <= 0:
                     self._stop.wait(STEP_S)
         except BaseException as exc:  # the demo's main loop reports it and stops
             log.exception("the simulator failed")
@@ -177,34 +191,62 @@ class SimulationThread:
         cluster.run_until(until_s)
         if self.step_cost_s > 0:
             time.sleep((until_s - from_s) * self.step_cost_s)
-        self.busy_s += time.monotonic() - started
+        took_s = time.monotonic() - started
+        self.busy_s += took_s
         self.publisher.release_stopped({e.id for role in ROLES for e in cluster.engines(role)})
-
-    def _govern(self, simulated_s: float, wall_s: float) -> None:
-        """Slow the clock to what the simulator achieves when it is too far behind; speed it up
-        again (towards --speed) once it has caught up."""
-        rate = self.clock.rate
-        lag_wall_s = (self.clock.sim_s() - self.cluster.now) / rate
-        if self.duration_s is not None and self.cluster.now >= self.duration_s:
-            return  # the simulation is over; the clock runs on for the planner
-        achieved = simulated_s / wall_s if wall_s > 0 else rate
-        if lag_wall_s > MAX_LAG_WALL_S and achieved < rate * 1.05:
-            new = max(self.speed * MIN_RATE_SHARE, min(rate, achieved) * SLOWDOWN_MARGIN)
-            self.clock.set_rate(new)
-            self.slowest_rate = min(self.slowest_rate, new)
-            self.slowdowns += 1
-            emit = log.warning if self.slowdowns == 1 else log.debug
-            emit(
-                "the simulator cannot keep up with speed x%g (%.1f wall s behind, it simulates %.2f s "
-                "per wall second): the simulated clock slows to x%.2f, and speeds up again when the "
-                "simulator catches up (a lower --speed or --rate-scale avoids it)",
-                self.speed,
-                lag_wall_s,
-                achieved,
-                new,
+        simulated_s = until_s - from_s
+        if simulated_s >= MIN_SLICE_FOR_CAPACITY_S and took_s > 0:
+            capacity = simulated_s / took_s
+            previous = self.capacity
+            self.capacity = (
+                capacity
+                if previous is None
+                else (1 - CAPACITY_WEIGHT) * previous + CAPACITY_WEIGHT * capacity
             )
-        elif rate < self.speed and lag_wall_s < MAX_LAG_WALL_S / 4:
-            self.clock.set_rate(min(self.speed, rate * SPEEDUP_FACTOR))
+
+    def _active(self) -> bool:
+        return not (self.duration_s is not None and self.cluster.now >= self.duration_s)
+
+    def _hold_back(self, lag_s: float) -> None:
+        """More than MAX_LAG_SIM_S behind: the clock runs at half the simulator's capacity until
+        the simulator has caught up."""
+        if not self._active():
+            return  # the simulation is over; the clock runs on for the planner
+        if lag_s > MAX_LAG_SIM_S and not self._holding:
+            capacity = self.capacity if self.capacity is not None else self.clock.rate
+            self._set_rate(min(self.clock.rate, capacity) * 0.5, lag_s)
+            self._holding = True
+        elif self._holding and lag_s <= MAX_LAG_SIM_S / 4:
+            self._holding = False
+
+    def _follow_capacity(self, lag_s: float) -> None:
+        """The clock at --speed, or at CAPACITY_MARGIN of the simulator's capacity when that is
+        less; faster again only once the simulator has caught up, at most MAX_SPEEDUP at a time."""
+        if not self._active() or self._holding or self.capacity is None:
+            return
+        rate = self.clock.rate
+        want = min(self.speed, self.capacity * CAPACITY_MARGIN)
+        if want < rate * 0.95:
+            self._set_rate(want, lag_s)
+        elif want > rate * 1.05 and lag_s <= MAX_LAG_SIM_S / 4:
+            self.clock.set_rate(min(want, rate * MAX_SPEEDUP))
+
+    def _set_rate(self, rate: float, lag_s: float) -> None:
+        """Slow the clock down (the first time with a warning)."""
+        rate = max(self.speed * MIN_RATE_SHARE, rate)
+        self.clock.set_rate(rate)
+        self.slowest_rate = min(self.slowest_rate, rate)
+        self.slowdowns += 1
+        emit = log.warning if self.slowdowns == 1 else log.debug
+        emit(
+            "the simulator cannot keep up with speed x%g (%.1f simulated s behind, it simulates %.3g s "
+            "per wall second): the simulated clock slows to x%.3g, and speeds up again when it can "
+            "(a lower --speed or --rate-scale avoids it)",
+            self.speed,
+            lag_s,
+            self.capacity or 0.0,
+            rate,
+        )
 
     def _apply_orders(self) -> None:
         while True:
