@@ -16,7 +16,7 @@
 
   const CHARTS = [
     { id: "rate", title: "Load: request rate (req/s)", y: "req/s" },
-    { id: "replicas", title: "Replicas per role: ready (solid), target (dotted), publishing FPM (dash-dot)", y: "engines" },
+    { id: "replicas", title: "Replicas per role: ready as the planner knows it (solid), target (dotted)", y: "engines" },
     { id: "ttft", title: "TTFT (ms), observed mean against the target", y: "ms", log: true },
     { id: "itl", title: "ITL (ms), observed mean against the target", y: "ms", log: true },
     { id: "wishes", title: "SLA scaling: wish (solid) and need (dotted) per role", y: "engines" },
@@ -76,14 +76,6 @@
     return out;
   }
 
-  // Engines whose forward passes the planner receives, per role (the tick's FPM counters).
-  function publishing(fpm) {
-    const out = {};
-    if (fpm && typeof fpm === "object")
-      for (const [role, sub] of Object.entries(fpm)) if (sub && Array.isArray(sub.engines)) out[role] = sub.engines.length;
-    return out;
-  }
-
   function readTick(tick) {
     const r = tick.record || {};
     const traffic = (r.traffic && r.traffic.observed) || null;
@@ -103,7 +95,6 @@
       ttft: num(traffic ? traffic.ttft_ms : tpObserved.ttft_ms),
       itl: num(traffic ? traffic.itl_ms : tpObserved.itl_ms),
       ready: counts((sla && sla.ready) || (load && load.current)),
-      publishing: publishing(r.fpm),
       target: counts(r.target),
       wish: {},
       need: {},
@@ -224,8 +215,6 @@
       for (const role of roles) {
         replicaTraces.push(line(role + " ready", x, ticks.map((t) => t.ready[role] ?? null), { colour: COLOURS[role], shape: "hv" }));
         replicaTraces.push(line(role + " target", x, ticks.map((t) => t.target[role] ?? null), { colour: COLOURS[role], dash: "dot", shape: "hv" }));
-        if (ticks.some((t) => role in t.publishing))
-          replicaTraces.push(line(role + " publishing FPM", x, ticks.map((t) => t.publishing[role] ?? null), { colour: COLOURS[role], dash: "dashdot", shape: "hv", width: 0.8 }));
         const decided = ticks.filter((t) => t.decision !== null && t.decision !== undefined && role in t.target);
         replicaTraces.push({
           type: "scatter", mode: "markers", name: role + " decision",
