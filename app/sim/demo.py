@@ -270,6 +270,7 @@ class Demo:
             "ended": self.end_reason or (snap.ended if snap else None),
             # Wall seconds inside cluster.run_until, and CPU seconds of the whole demo process.
             "sim_busy_s": round(snap.busy_s, 3) if snap else 0.0,
+            "sim_longest_step_s": round(self.sim.longest_slice_s, 3) if self.sim else 0.0,
             "cpu_s": round(time.process_time(), 3),
             "planner_url": self.service.base_url if self.service else None,
             "planner_pid": self.service.pid if self.service else None,
@@ -442,8 +443,8 @@ class Demo:
                 model_name=model_name(deployment),
                 on_fpm=self.publisher.publish,
             )
-            # While the planner starts, the simulated clock runs at the wall clock's pace; the
-            # trace runs at --speed from the moment the planner is ready.
+            # The simulated world starts now, at the wall clock's pace while the planner starts
+            # (a few simulated seconds), and runs at --speed from the moment the planner is ready.
             self.clock = SharedClockWriter(self.tmp_dir / "clock", rate=1.0)
             self.sim = SimulationThread(
                 self.cluster,
@@ -455,6 +456,7 @@ class Demo:
                 step_cost_s=self.options.sim_cost_s,
             )
             await self.frontend.start()
+            self.sim.start()
             config_path = self.tmp_dir / "deployments.yaml"
             config = service_deployments_file(
                 self.plan, frontend_url=self.frontend.url(), fpm_endpoints=self.publisher.endpoints_by_role
@@ -483,9 +485,7 @@ class Demo:
                 sim_now=self.sim_now,
             )
             self._print_urls()
-            self._wall_started = time.monotonic()
             self.clock.set_rate(self.options.speed)
-            self.sim.start()
             tasks = [
                 asyncio.create_task(self.orchestrator.run(), name="orchestrator"),
                 asyncio.create_task(self._report(), name="status"),
@@ -547,7 +547,12 @@ class Demo:
             stopped = await asyncio.to_thread(self.sim.stop, SIM_STOP_TIMEOUT_S)
             if not stopped:
                 log.warning("the simulator did not stop within %g s", SIM_STOP_TIMEOUT_S)
-            if self.summary is None and self.cluster is not None:
+            snap = self.sim.snapshot
+            if self.summary is None and snap.summary is not None:
+                # The simulation reached its end just before the stop: that is its summary.
+                self.end_reason, self.summary = snap.ended, snap.summary
+                self._print_summary(self.summary)
+            elif self.summary is None and self.cluster is not None:
                 # Ctrl-C, SIGTERM, a failure: the run did not reach its end, say what it did.
                 self.summary = self._summary(self.cluster, self.stop_reason)
                 self._print_summary(self.summary)

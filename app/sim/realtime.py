@@ -109,6 +109,7 @@ class SimulationThread:
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.busy_s = 0.0
+        self.longest_slice_s = 0.0  # wall seconds of the slowest slice
         self.slowdowns = 0  # times the clock was slowed
         self.capacity: float | None = None  # simulated s per wall s of the recent slices
         self._holding = False  # the clock held back until the simulator catches up
@@ -193,6 +194,7 @@ class SimulationThread:
             time.sleep((until_s - from_s) * self.step_cost_s)
         took_s = time.monotonic() - started
         self.busy_s += took_s
+        self.longest_slice_s = max(self.longest_slice_s, took_s)
         self.publisher.release_stopped({e.id for role in ROLES for e in cluster.engines(role)})
         simulated_s = until_s - from_s
         if simulated_s >= MIN_SLICE_FOR_CAPACITY_S and took_s > 0:
