@@ -113,7 +113,7 @@ class SimulationThread:
         self.slowdowns = 0  # times the clock was slowed
         self.capacity: float | None = None  # simulated s per wall s of the recent slices
         self._holding = False  # the clock held back until the simulator catches up
-        self.slowest_rate = clock.rate
+        self.slowest_rate = self.speed  # the slowest rate the clock was set to (not its start-up pace)
         self._ended: str | None = None
         self._summary: dict[str, Any] | None = None
         self.snapshot = self._take_snapshot()
