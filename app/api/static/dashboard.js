@@ -358,6 +358,7 @@
 
   const views = new Map();
   let clockShown = false;
+  let since = null; // the first ticks loaded: window_s before the planner's time at page load
 
   async function refresh() {
     const status = document.getElementById("status");
@@ -368,7 +369,7 @@
         document.getElementById("clock").textContent =
           info.kind === "wall" ? "times: UTC wall clock" : "times: " + (info.detail || info.kind);
         clockShown = true;
-        var since = new Date(Date.parse(clock.now) - WINDOW_S * 1000).toISOString();
+        since = new Date(Date.parse(clock.now) - WINDOW_S * 1000).toISOString();
       }
       const deployments = await getJson("deployments");
       for (const info of deployments) {
