@@ -16,7 +16,7 @@ from fastapi.routing import APIRoute
 from app import __version__
 from app.api.convert import encode_decision
 from app.api.errors import install_error_handlers
-from app.api.routes import decisions, diagnostics, health, overrides, plan
+from app.api.routes import dashboard, decisions, diagnostics, docs, health, overrides, plan
 from app.api.routes import deployments as deployment_routes
 from app.config import DeploymentsFile, Settings, load_deployments
 from app.connectors.virtual import DecisionHub, PgDecisionListener
@@ -24,7 +24,7 @@ from app.planner_setup import build_planner
 from app.reports.metrics import PlannerMetrics
 from app.store.db import is_postgres, make_engine, make_session_factory
 from app.store.decisions import ensure_deployments
-from app.workers.clock import Clock, ScaledClock, SystemClock
+from app.workers.clock import Clock, ScaledClock, SharedClock, SystemClock
 from app.workers.loop import DeploymentWorker, process_identity
 from app.workers.resources import make_connector, make_fpm_subscribers, make_source
 
@@ -67,7 +67,7 @@ def create_app(
         holder = process_identity()
         http = httpx.AsyncClient(timeout=httpx.Timeout(10.0))
         clock = app.state.clock
-        scaled_monotonic = clock.scaled_monotonic if isinstance(clock, ScaledClock) else None
+        scaled_monotonic = clock.scaled_monotonic if isinstance(clock, ScaledClock | SharedClock) else None
         workers = {
             d.name: DeploymentWorker(
                 config=d,
@@ -112,10 +112,15 @@ def create_app(
         summary="SLA-driven autoscaling for disaggregated LLM inference",
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
+        docs_url=None,  # served offline by app/api/routes/docs.py
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.deployments = deployments
     app.state.tokens = settings.tokens()
+    if clock is None and settings.clock_file:
+        clock = SharedClock(settings.clock_file)
+        log.warning("the clock is simulated: %s", clock.describe()["detail"])
     if clock is None and settings.time_scale != 1:
         # Accelerated time for `planner demo` and tests: intervals and timeouts in scaled seconds.
         log.warning("time runs %g times faster than the wall clock (PLANNER_TIME_SCALE)", settings.time_scale)
@@ -126,6 +131,6 @@ def create_app(
         (base_dir / d.profile).resolve() for d in deployments.deployments if d.profile
     ]
     install_error_handlers(app)
-    for module in (health, deployment_routes, decisions, diagnostics, overrides, plan):
+    for module in (health, deployment_routes, decisions, diagnostics, overrides, plan, docs, dashboard):
         app.include_router(module.router)
     return app

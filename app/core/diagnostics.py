@@ -299,6 +299,8 @@ class SlaDiagnostics(Record):
     scale_samples: dict[str, int] | None = None
     lead_s: Num = None
     lead_measured: Flag = None
+    ready: Counts = None  # engines serving when the tick ran
+    expected: Counts = None  # engines the planner last ordered (starting ones included)
     demand: _section(SlaDemand) = None
     roles: _sections(SlaRole) = None
     scale_down_window_s: Num = None

@@ -9,6 +9,13 @@ per-engine prefill queues; per-engine decode KV load; the FPM regressions' sampl
 the reference plots engine capacity, which the records do not hold); sequence lengths observed
 and predicted; the load and the throughput decisions coloured by reason.
 
+SLA scaling (the default algorithm) fills the same panels from its own fields: the traffic the
+tick observed (request rate, TTFT, ITL, lengths), the demand it sized for, the prefill wait and
+service it modelled, the prompts queued, its latency models' records; and five panels of its own
+below them: the wishes per role, the forecast headroom, the measured scale and capacity
+correction, the lead, and its decisions by reason. A panel with no data in the range says so,
+and why, instead of drawing empty axes.
+
 Each record is reduced to a few numbers as it is read, so a long range costs the page's size,
 not the records'. Every series has a gap (NaN) where its section ran without the value, where an
 engine did not report, and where ticks stop for much longer than usual (a restart, a mode that
@@ -32,6 +39,7 @@ from plotly.subplots import make_subplots
 
 from app.core.diagnostics import Forecast, ObservedTraffic, TickDiagnostics, finite_number
 from app.core.seed.load_types import LoadReason
+from app.core.sla.types import SlaReason
 
 # A series breaks where consecutive points are this many times further apart than its usual
 # spacing: a planner that was down must not draw a straight line across the outage.
@@ -77,7 +85,19 @@ LOAD_COLOURS = {
     "scale_down_refused_consolidation": "brown",
 }
 LOAD_ORDER = tuple(r.value for r in LoadReason)
+SLA_COLOURS = {
+    "model_not_ready": "orange",
+    "no_traffic_data": "yellow",
+    "no_inventory": "red",
+    "no_change": "gray",
+    "hold": "purple",
+    "scale_up": "green",
+    "scale_down": "blue",
+}
+SLA_ORDER = tuple(r.value for r in SlaReason)
+SLA_ACTIONS = frozenset({"scale_up", "scale_down"})
 UNKNOWN_COLOUR = "black"
+REFERENCE = "reference"  # the meta of a target line: a panel with only these has no data
 ROLE_COLOURS = {"prefill": "#1f77b4", "decode": "#ff7f0e", "workers": "#2ca02c"}
 
 PANEL_TITLES = (
@@ -94,6 +114,14 @@ PANEL_TITLES = (
     "Load scaling decisions",
     "Throughput scaling decisions",
 )
+# Only when the range has SLA ticks.
+SLA_PANEL_TITLES = (
+    "SLA scaling: wish (solid) and need (dotted) per role (engines)",
+    "SLA scaling: forecast headroom (peak within one lead ÷ level)",
+    "SLA scaling: measured scale and prefill capacity correction",
+    "SLA scaling: lead (s), measured or the start-up estimate",
+    "SLA scaling decisions",
+)
 (
     REPLICAS,
     RATE,
@@ -108,6 +136,9 @@ PANEL_TITLES = (
     LOAD_DECISIONS,
     THROUGHPUT_DECISIONS,
 ) = range(1, len(PANEL_TITLES) + 1)
+SLA_WISHES, SLA_HEADROOM, SLA_SCALE, SLA_LEAD, SLA_DECISIONS = range(
+    len(PANEL_TITLES) + 1, len(PANEL_TITLES) + len(SLA_PANEL_TITLES) + 1
+)
 
 # Scalar series: (panel, trace name, dash) per key of `_Tick.values`.
 _SCALARS = {
@@ -122,10 +153,32 @@ _SCALARS = {
     "observed_osl": (SEQUENCE, "observed OSL", "solid"),
     "predicted_osl": (SEQUENCE, "predicted OSL", "dash"),
 }
+_SLA_SCALARS = {
+    "sla_observed_rps": (RATE, "observed", "solid"),
+    "sla_demand_rps": (RATE, "SLA demand (sized for)", "dash"),
+    "sla_observed_ttft_ms": (OBSERVED_TTFT, "observed TTFT", "solid"),
+    "sla_observed_itl_ms": (OBSERVED_ITL, "observed ITL", "solid"),
+    "sla_prefill_ttft_ms": (ESTIMATED_TTFT, "SLA model: prefill wait + service at the wish", "solid"),
+    "sla_queued_prefill_tokens": (PREFILL_QUEUES, "all prefill engines (SLA tick)", "solid"),
+    "sla_prefill_records": (REGRESSION, "prefill latency model: forward passes", "solid"),
+    "sla_decode_records": (REGRESSION, "decode latency model: forward passes", "solid"),
+    "sla_observed_isl": (SEQUENCE, "observed ISL", "solid"),
+    "sla_observed_osl": (SEQUENCE, "observed OSL", "solid"),
+    "sla_isl_mean": (SEQUENCE, "SLA ISL (trend window)", "dash"),
+    "sla_osl_mean": (SEQUENCE, "SLA OSL (trend window)", "dash"),
+    "sla_headroom_tokens": (SLA_HEADROOM, "prompt tokens", "solid"),
+    "sla_headroom_flight": (SLA_HEADROOM, "decode requests in flight", "solid"),
+    "sla_scale_prefill": (SLA_SCALE, "prefill scale", "solid"),
+    "sla_scale_decode": (SLA_SCALE, "decode scale", "solid"),
+    "sla_correction": (SLA_SCALE, "prefill capacity correction", "dash"),
+    "sla_lead_s": (SLA_LEAD, "lead", "solid"),
+}
+_SCALARS.update(_SLA_SCALARS)
 _THROUGHPUT_KEYS = ("observed_rps", "predicted_rps", "observed_ttft_ms", "observed_itl_ms") + tuple(
-    k for k in _SCALARS if k.endswith(("_isl", "_osl"))
+    k for k in _SCALARS if k.endswith(("_isl", "_osl")) and not k.startswith("sla_")
 )
 _LOAD_KEYS = ("estimated_ttft_ms", "estimated_itl_ms")
+_SLA_KEYS = tuple(_SLA_SCALARS)
 
 
 # --- reading records ---------------------------------------------------------------------------------
@@ -170,6 +223,11 @@ class _Tick:
     load_detail: str = ""
     throughput_reason: str | None = None
     throughput_detail: str = ""
+    sla_reason: str | None = None
+    sla_detail: str = ""
+    wish: dict[str, float] = field(default_factory=dict)
+    need: dict[str, float] = field(default_factory=dict)
+    lead_measured: bool = False
 
 
 def _epoch_ms(at: datetime) -> float:
@@ -257,7 +315,62 @@ def _read(at: datetime, stored: Any) -> _Tick:
         lines = [f"load: {tick.load_reason}"] + ([", ".join(per_role)] if len(per_role) > 1 else [])
         tick.load_lines = tuple(lines + ([estimates] if estimates else []))
         tick.load_detail = load.detail or ""
+
+    if record.sla is not None:
+        _read_sla(tick, record)
     return tick
+
+
+def _read_sla(tick: _Tick, record: TickDiagnostics) -> None:
+    """SLA scaling's section, and the traffic its shell recorded beside it."""
+    sla = record.sla
+    assert sla is not None
+    traffic = record.traffic if isinstance(record.traffic, Mapping) else {}
+    observed = ObservedTraffic.model_validate(traffic.get("observed") or {}) if traffic else ObservedTraffic()
+    demand = sla.demand
+    roles = sla.roles or {}
+    prefill = roles.get("prefill")
+    growth = demand.growth if demand is not None and demand.growth else []
+    latency = sla.latency or {}
+    wait_s = finite_number(prefill.wait_s) if prefill is not None else None
+    service_s = finite_number(prefill.service_s) if prefill is not None else None
+    tick.values.update(
+        {
+            "sla_observed_rps": _ratio(observed.num_req, observed.duration_s),
+            "sla_demand_rps": finite_number(demand.request_rate_s) if demand is not None else None,
+            "sla_observed_ttft_ms": finite_number(observed.ttft_ms),
+            "sla_observed_itl_ms": finite_number(observed.itl_ms),
+            "sla_prefill_ttft_ms": (wait_s + service_s) * 1000.0
+            if wait_s is not None and service_s is not None
+            else None,
+            "sla_queued_prefill_tokens": finite_number(prefill.queued_tokens)
+            if prefill is not None
+            else None,
+            "sla_prefill_records": finite_number(latency["prefill"].records)
+            if "prefill" in latency
+            else None,
+            "sla_decode_records": finite_number(latency["decode"].records) if "decode" in latency else None,
+            "sla_observed_isl": finite_number(observed.isl),
+            "sla_observed_osl": finite_number(observed.osl),
+            "sla_isl_mean": finite_number(demand.isl_mean) if demand is not None else None,
+            "sla_osl_mean": finite_number(demand.osl_mean) if demand is not None else None,
+            "sla_headroom_tokens": finite_number(growth[0]) if len(growth) > 0 else None,
+            "sla_headroom_flight": finite_number(growth[1]) if len(growth) > 1 else None,
+            "sla_scale_prefill": finite_number((sla.scale or {}).get("prefill")),
+            "sla_scale_decode": finite_number((sla.scale or {}).get("decode")),
+            "sla_correction": finite_number(sla.capacity_check.correction) if sla.capacity_check else None,
+            "sla_lead_s": finite_number(sla.lead_s),
+        }
+    )
+    tick.ready = _replicas(sla.ready) or tick.ready
+    for role, section in roles.items():
+        if (n := finite_number(section.wish)) is not None:
+            tick.wish[role] = n
+        if (n := finite_number(section.needed)) is not None:
+            tick.need[role] = n
+    tick.lead_measured = sla.lead_measured is True
+    tick.sla_reason = sla.reason or "unknown"
+    tick.sla_detail = sla.detail or ""
 
 
 # --- series -------------------------------------------------------------------------------------------
@@ -315,12 +428,13 @@ def _line(
     dash: str = "solid",
     shape: str = "linear",
     mode: str = "lines",
+    meta: str | None = None,
 ) -> None:
     line: dict[str, Any] = {"dash": dash, "width": 1.5, "shape": shape}
     if colour is not None:
         line["color"] = colour
     fig.add_trace(
-        go.Scatter(x=x, y=y, name=html.escape(name), mode=mode, line=line, legend=_legend(panel)),
+        go.Scatter(x=x, y=y, name=html.escape(name), mode=mode, line=line, legend=_legend(panel), meta=meta),
         row=panel,
         col=1,
     )
@@ -336,6 +450,7 @@ def _target_line(fig: go.Figure, panel: int, name: str, value: float, x0: float,
         np.array([value, value]),
         colour="black",
         dash="dash",
+        meta=REFERENCE,  # not data: a panel with only these says it has none
     )
 
 
@@ -363,6 +478,10 @@ def _throughput_hover(tick: _Tick, detailed: bool) -> str:
     return _hover(
         tick.t_ms, [f"throughput: {tick.throughput_reason}"], tick.throughput_detail if detailed else ""
     )
+
+
+def _sla_hover(tick: _Tick, detailed: bool) -> str:
+    return _hover(tick.t_ms, [f"SLA scaling: {tick.sla_reason}"], tick.sla_detail if detailed else "")
 
 
 def _runs(ticks: list[_Tick], reason_of: Callable[[_Tick], str | None]) -> list[_Run]:
@@ -401,6 +520,9 @@ _THROUGHPUT_PANEL = _DecisionPanel(
     THROUGHPUT_COLOURS,
     THROUGHPUT_ORDER,
     THROUGHPUT_ACTIONS,
+)
+_SLA_PANEL = _DecisionPanel(
+    "SLA", SLA_DECISIONS, lambda t: t.sla_reason, _sla_hover, SLA_COLOURS, SLA_ORDER, SLA_ACTIONS
 )
 
 
@@ -563,19 +685,131 @@ def _regression_panel(fig: go.Figure, ticks: list[_Tick], spacing_ms: float | No
             _target_line(fig, REGRESSION, f"min observations {value:g}", value, ticks[0].t_ms, ticks[-1].t_ms)
 
 
+def _sla_panels(fig: go.Figure, ticks: list[_Tick], spacing_ms: float | None) -> None:
+    """SLA scaling's own panels besides its scalars: wishes per role, the lead's measured ticks."""
+    roles = sorted({r for t in ticks for r in (*t.wish, *t.need)}, key=_role_order)
+    for role in roles:
+        colour = ROLE_COLOURS.get(role, "#7f7f7f")
+        for name, of, dash in (("wish", lambda t: t.wish, "solid"), ("need", lambda t: t.need, "dot")):
+            chosen = [t for t in ticks if role in of(t)]
+            if chosen:
+                x, y = _changes(
+                    *_gapped([t.t_ms for t in chosen], [of(t)[role] for t in chosen], spacing_ms=spacing_ms)
+                )
+                _line(fig, SLA_WISHES, f"{role} {name}", x, y, colour=colour, dash=dash, shape="hv")
+    measured = [t for t in ticks if t.lead_measured and t.values.get("sla_lead_s") is not None]
+    if measured:
+        _line(
+            fig,
+            SLA_LEAD,
+            "measured",
+            np.array([t.t_ms for t in measured]),
+            np.array([t.values["sla_lead_s"] for t in measured], dtype=np.float32),
+            colour="green",
+            mode="markers",
+        )
+
+
+def _empty_reasons(ticks: list[_Tick]) -> dict[int, str]:
+    """Why a panel may have nothing to draw, given which steps ran in the range."""
+    ran_load = any(t.load_reason is not None for t in ticks)
+    ran_sla = any(t.sla_reason is not None for t in ticks)
+    no_load = "load scaling did not run in these ticks" + (
+        " (SLA scaling decides; see its panels below)" if ran_sla else ""
+    )
+    no_throughput = "throughput scaling did not run in these ticks" + (
+        " (SLA scaling decides; see its panels below)" if ran_sla else ""
+    )
+    sla_only = "no value in these SLA ticks yet"
+    return {
+        REPLICAS: "no replica counts in these ticks",
+        RATE: "no traffic was observed in these ticks",
+        OBSERVED_TTFT: "no request had its first token in a tick's window",
+        OBSERVED_ITL: "no request finished decoding in a tick's window",
+        ESTIMATED_TTFT: no_load if not ran_load else "the load step estimated no TTFT",
+        ESTIMATED_ITL: (
+            "SLA scaling estimates no ITL: it sizes decode by the largest batch that meets the target"
+            if ran_sla and not ran_load
+            else no_load
+            if not ran_load
+            else "the load step estimated no ITL"
+        ),
+        PREFILL_QUEUES: no_load if not (ran_load or ran_sla) else "no prompts were queued in these ticks",
+        DECODE_LOAD: (
+            "SLA ticks record the requests decode holds, not each engine's KV load (load scaling did not run)"
+            if ran_sla and not ran_load
+            else no_load
+            if not ran_load
+            else "no engine reported its KV load"
+        ),
+        REGRESSION: "no FPM regression or latency model in these ticks",
+        SEQUENCE: "no lengths were observed in these ticks",
+        LOAD_DECISIONS: no_load,
+        THROUGHPUT_DECISIONS: no_throughput,
+        SLA_WISHES: sla_only + " (no traffic in the level window)",
+        SLA_HEADROOM: sla_only + " (no forecast: no traffic in the level window, or trend off)",
+        SLA_SCALE: sla_only,
+        SLA_LEAD: sla_only,
+        SLA_DECISIONS: sla_only,
+    }
+
+
+def _say_where_empty(
+    fig: go.Figure, panels: int, reasons: Mapping[int, str], x0: float, x1: float
+) -> list[int]:
+    """An annotation in every panel with no data (a target line alone is not data), and an empty
+    trace there: plotly.js draws no axes for a subplot without one. The panels."""
+    with_data: set[int] = set()
+    for trace in fig.data:
+        if trace.meta == REFERENCE or trace.y is None:
+            continue
+        axis = trace.yaxis or "y"
+        panel = int(axis[1:] or 1)
+        values = np.asarray(trace.y, dtype=object)
+        if any(v is not None and not (isinstance(v, float) and math.isnan(v)) for v in values):
+            with_data.add(panel)
+    empty = [p for p in range(1, panels + 1) if p not in with_data]
+    for panel in empty:
+        fig.add_trace(
+            go.Scatter(
+                x=np.array([x0, x1]),
+                y=[None, None],
+                mode="lines",
+                showlegend=False,
+                hoverinfo="skip",
+                meta=REFERENCE,
+            ),
+            row=panel,
+            col=1,
+        )
+        low, high = fig.get_subplot(panel, 1).yaxis.domain
+        fig.add_annotation(
+            text=html.escape("no data: " + reasons.get(panel, "nothing in these ticks"), quote=False),
+            xref="paper",
+            yref="paper",
+            x=0.5,
+            y=(low + high) / 2,
+            showarrow=False,
+            font={"size": 13, "color": "#777"},
+        )
+    return empty
+
+
 def _build_figure(ticks: list[_Tick], sla: tuple[float, float]) -> tuple[go.Figure, list[str]]:
     """The figure, and notes for the page about what it leaves out."""
     x0, x1 = ticks[0].t_ms, ticks[-1].t_ms
+    ran_sla = any(t.sla_reason is not None for t in ticks)
+    titles = PANEL_TITLES + (SLA_PANEL_TITLES if ran_sla else ())
     fig = make_subplots(
-        rows=len(PANEL_TITLES),
+        rows=len(titles),
         cols=1,
         shared_xaxes=True,
-        vertical_spacing=0.022,
-        subplot_titles=PANEL_TITLES,
+        vertical_spacing=0.022 * len(PANEL_TITLES) / len(titles),
+        subplot_titles=titles,
     )
     _replica_panel(fig, ticks, _median_spacing([t for t in ticks if t.ready]))
 
-    for section_keys in (_THROUGHPUT_KEYS, _LOAD_KEYS):
+    for section_keys in (_THROUGHPUT_KEYS, _LOAD_KEYS) + ((_SLA_KEYS,) if ran_sla else ()):
         present = [t for t in ticks if section_keys[0] in t.values]
         spacing = _median_spacing(present)
         for key in section_keys:
@@ -597,22 +831,27 @@ def _build_figure(ticks: list[_Tick], sla: tuple[float, float]) -> tuple[go.Figu
 
     _engine_panels(fig, ticks, x0, x1)
     _regression_panel(fig, ticks, _median_spacing([t for t in ticks if t.samples]))
+    if ran_sla:
+        _sla_panels(fig, ticks, _median_spacing([t for t in ticks if t.sla_reason is not None]))
+    specs = (_LOAD_PANEL, _THROUGHPUT_PANEL) + ((_SLA_PANEL,) if ran_sla else ())
     notes = [
         f"The {spec.kind} reason changed more than {MAX_DETAILED_RUNS} times: only the latest "
         f"{MAX_DETAILED_RUNS} scaling actions keep their detail on hover (GET /diagnostics has every record)."
-        for spec in (_LOAD_PANEL, _THROUGHPUT_PANEL)
+        for spec in specs
         if _decisions(fig, ticks, spec)
     ]
+    _say_where_empty(fig, len(titles), _empty_reasons(ticks), x0, x1)
 
     fig.update_yaxes(title_text="engines", rangemode="tozero", row=REPLICAS, col=1)
-    for panel in (RATE, PREFILL_QUEUES, DECODE_LOAD, REGRESSION, SEQUENCE):
+    zero_based = (RATE, PREFILL_QUEUES, DECODE_LOAD, REGRESSION, SEQUENCE)
+    for panel in zero_based + ((SLA_WISHES, SLA_HEADROOM, SLA_SCALE, SLA_LEAD) if ran_sla else ()):
         fig.update_yaxes(rangemode="tozero", row=panel, col=1)
     fig.update_xaxes(type="date", showticklabels=True)
-    fig.update_xaxes(title_text="time (UTC)", row=len(PANEL_TITLES), col=1)
+    fig.update_xaxes(title_text="time (UTC)", row=len(titles), col=1)
 
     # One legend per panel, beside it: a single legend of many engines cannot say which panel is which.
     legends: dict[str, Any] = {}
-    for panel in range(1, len(PANEL_TITLES) + 1):
+    for panel in range(1, len(titles) + 1):
         top = fig.get_subplot(panel, 1).yaxis.domain[1]
         legends[_legend(panel)] = {
             "x": 1.02,
@@ -622,7 +861,7 @@ def _build_figure(ticks: list[_Tick], sla: tuple[float, float]) -> tuple[go.Figu
             "font": {"size": 11},
         }
     fig.update_layout(
-        height=230 * len(PANEL_TITLES),
+        height=230 * len(titles),
         margin={"l": 70, "r": 40, "t": 40, "b": 50},
         template="plotly_white",
         hovermode="closest",
@@ -684,6 +923,11 @@ def _header_rows(
             ("Load steps", f"{len(load)} ({ups} up, {downs} down)"),
             ("Throughput steps", str(sum(1 for t in ticks if t.throughput_reason is not None))),
         ]
+        sla_steps = [t.sla_reason for t in ticks if t.sla_reason is not None]
+        if sla_steps:
+            ups = sum(1 for r in sla_steps if r == "scale_up")
+            downs = sum(1 for r in sla_steps if r == "scale_down")
+            rows.append(("SLA steps", f"{len(sla_steps)} ({ups} up, {downs} down)"))
     rows.append(("SLA targets (TTFT / ITL)", f"{sla[0]:g} ms / {sla[1]:g} ms"))
     return rows
 

@@ -1,30 +1,37 @@
 """`planner demo`: the real service against a simulated cluster, in accelerated real time.
 
-The demo process runs, in one event loop:
-- the simulated cluster (`app/sim/cluster.py`) replaying a trace, advanced to
-  `sim_now = (wall elapsed) × speed` every STEP_S wall seconds;
-- the simulated frontend's `/metrics` (and the demo's `/status`) on a loopback port, which the
-  planner scrapes (`sources.frontend_url`);
+The demo process runs:
+- the simulated cluster (`app/sim/cluster.py`) replaying a trace, in a thread of its own
+  (`app/sim/realtime.py`) that advances it in bounded slices on the **simulated clock**: a
+  `SharedClockWriter` file the planner service reads too (`PLANNER_CLOCK_FILE`), running
+  --speed simulated seconds per wall second, slower (said once in the log) while the simulator
+  cannot keep up, so the planner always sees the traffic the trace has;
+- the simulated frontend's `/metrics` (and the demo's `/status`) on a loopback port, in a thread
+  of its own, answered from the simulator's latest snapshot, so a slow step never delays them;
 - one ZMQ publisher per engine sending its ForwardPassMetrics every iteration
   (`sources.fpm_endpoints`);
 - an orchestrator that long-polls the planner for decisions, orders the engines, and
-  acknowledges once they are up.
+  acknowledges once they are up (the event loop of the main thread).
 
-The planner itself is `planner serve` in a child process with `PLANNER_TIME_SCALE=speed`, an
-SQLite database in a temporary directory and a deployments file generated from the replay
-config, so its 180 s throughput interval and its ack timeout pass in simulated seconds.
+The planner itself is `planner serve` in a child process with an SQLite database in a temporary
+directory and a deployments file generated from the replay config; on the shared clock its 5 s
+ticks and its ack timeout pass in simulated seconds, and every time its API shows is simulated:
+`SIM_EPOCH` (2000-01-01T00:00:00Z) is the start of the trace.
 
-Output: the URLs to open, a status line every STATUS_EVERY_S wall seconds, a summary when the
-trace ends, and at exit one JSON line (`{"demo": "stopped", ...}`) with the final state.
+Output: the URLs to open (the dashboard first), a status line every STATUS_EVERY_S wall seconds,
+a summary when the trace or --duration-s ends, or when the demo stops before (Ctrl-C, SIGTERM, a
+failure), and at exit one JSON line (`{"demo": "stopped", ...}`) with the final state.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
+import os
 import shutil
 import signal
 import socket
@@ -44,8 +51,10 @@ from app.sim.cluster import ROLES, Cluster
 from app.sim.config import DEFAULT_REPLAY_CONFIG, ReplayConfig, load_replay_config, with_overrides
 from app.sim.live import FpmPublisher, HttpEndpoint, Orchestrator, PlannerService, ServiceError
 from app.sim.oracle import required_engines
+from app.sim.realtime import PROMETHEUS_TEXT, SimulationThread
 from app.sim.replay import load_models, load_requests
 from app.sim.truth import TruthModel
+from app.workers.clock import SIM_EPOCH, SharedClockWriter
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +64,12 @@ DEFAULT_SPEED = 10.0
 DEFAULT_RATE_SCALE = 30.0
 DEFAULT_PORT = 8080
 
-STEP_S = 0.025  # wall seconds between simulation steps
 STATUS_EVERY_S = 5.0  # wall seconds between status lines
-SLOW_STEP_S = 1.0  # a step longer than this (wall) means the simulator cannot keep up
 READY_TIMEOUT_S = 90.0  # wall seconds for `planner serve` to migrate, scrape and tick once
 STOP_TIMEOUT_S = 10.0  # wall seconds for the service to stop on SIGTERM before it is killed
-PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+SIM_STOP_TIMEOUT_S = 10.0  # wall seconds for the simulator thread to finish its slice
+# Test knob: wall seconds the simulator sleeps per simulated second (a deliberately slow step).
+SIM_COST_ENV = "PLANNER_DEMO_SIM_COST"
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,7 @@ class DemoOptions:
     duration_s: float | None = None  # stop after this many simulated seconds
     modes: tuple[str, ...] | None = None  # the planner's scaling modes; None: the file's
     log_level: str = "INFO"  # the service's PLANNER_LOG_LEVEL
+    sim_cost_s: float = 0.0  # extra wall seconds per simulated second (tests: $PLANNER_DEMO_SIM_COST)
 
 
 @dataclass
@@ -96,6 +106,8 @@ def prepare(options: DemoOptions) -> DemoPlan:
     """Read the replay config, the trace and the profile; ConfigError names what is wrong."""
     if not (math.isfinite(options.speed) and options.speed > 0):
         raise ConfigError(f"--speed: must be a number > 0, got {options.speed!r}")
+    if not (math.isfinite(options.sim_cost_s) and options.sim_cost_s >= 0):
+        raise ConfigError(f"{SIM_COST_ENV}: must be a number >= 0, got {options.sim_cost_s!r}")
     replay = with_overrides(
         load_replay_config(options.config), rate_scale=options.rate_scale, modes=options.modes
     )
@@ -175,115 +187,90 @@ class Demo:
         self.options = plan.options
         self.out = out or (lambda line: print(line, flush=True))
         deployment = plan.deployment
-        slots = {role: deployment.role(role).max_replicas for role in ROLES}
+        self._slots = {role: deployment.role(role).max_replicas for role in ROLES}
         self.publisher: FpmPublisher | None = None
-        self._slots = slots
         self.cluster: Cluster | None = None
+        self.sim: SimulationThread | None = None
+        self.clock: SharedClockWriter | None = None
         self.frontend = HttpEndpoint({"/metrics": self._metrics, "/status": self._status_json})
         self.service: PlannerService | None = None
         self.orchestrator: Orchestrator | None = None
         self.tmp_dir: Path | None = None
-        self._t0: float | None = None  # monotonic wall time of simulated t = 0
         self._wall_started = time.monotonic()
-        self._busy_s = 0.0  # wall time spent inside cluster.run_until
-        self.ended: asyncio.Event | None = None
-        self.end_reason: str | None = None
+        self.end_reason: str | None = None  # "end_of_trace" or "duration", once the simulation reached it
         self.stop_reason = "stopped"
+        self.stop_signal: str | None = None  # SIGINT or SIGTERM, when one stopped the demo
         self.summary: dict[str, Any] | None = None
 
     # --- the simulated clock ---------------------------------------------------------------
 
     def sim_now(self) -> float:
-        if self._t0 is None:
+        """Simulated seconds: the shared clock the planner service reads too."""
+        if self.clock is None:
             return 0.0
-        now = (time.monotonic() - self._t0) * self.options.speed
+        now = self.clock.sim_s()
         duration = self.options.duration_s
         return min(now, duration) if duration is not None else now
 
-    async def _simulate(self) -> None:
-        """Advance the cluster to the simulated now, every STEP_S; note the end of the trace."""
-        cluster, publisher = self.cluster, self.publisher
-        assert cluster is not None and publisher is not None and self.ended is not None
-        drained_at = warned_at = 0.0
-        while True:
-            target = self.sim_now()
-            started = time.monotonic()
-            cluster.run_until(target)
-            live = {e.id for role in ROLES for e in cluster.engines(role)}
-            publisher.release_stopped(live)
-            step_s = time.monotonic() - started
-            self._busy_s += step_s
-            if step_s > SLOW_STEP_S and started - warned_at > 30.0:
-                # Simulated time stays tied to the wall clock; only the steps get coarser (the
-                # frontend and the orchestrator answer between steps).
-                log.warning(
-                    "one simulation step took %.1f s of wall time: the simulator cannot keep up at "
-                    "speed %g (try a lower --speed or --rate-scale)",
-                    step_s,
-                    self.options.speed,
-                )
-                warned_at = started
-            if started - drained_at > 1.0:
-                publisher.drain_subscriptions()
-                drained_at = started
-            if not self.ended.is_set():
-                if self.options.duration_s is not None and target >= self.options.duration_s:
-                    self._end("duration")
-                elif cluster.done:
-                    self._end("end_of_trace")
-            await asyncio.sleep(STEP_S)
-
-    def _end(self, reason: str) -> None:
-        assert self.ended is not None
-        self.end_reason = reason
-        self.summary = self._summary()
-        self._print_summary(self.summary)
-        self.ended.set()
-
-    # --- HTTP: the frontend's /metrics and the demo's /status ---------------------------------
+    # --- HTTP: the frontend's /metrics and the demo's /status (the endpoint's own thread) -----
 
     def _metrics(self) -> tuple[str, bytes]:
-        assert self.cluster is not None
-        return PROMETHEUS_TEXT, self.cluster.frontend.render_prometheus().encode()
+        assert self.sim is not None
+        return PROMETHEUS_TEXT, self.sim.snapshot.metrics
 
     def _status_json(self) -> tuple[str, bytes]:
         return "application/json", json.dumps(self.state()).encode()
 
     def state(self) -> dict[str, Any]:
-        """The demo's state as JSON-able data: `/status` and the final line."""
-        cluster = self.cluster
+        """The demo's state as JSON-able data: `/status` and the final line. Read from the
+        simulator's latest snapshot, so any thread may call it."""
+        snap = self.sim.snapshot if self.sim else None
         orchestrator = self.orchestrator.state if self.orchestrator else None
         last_acked = orchestrator.last_acked if orchestrator else None
         in_flight = orchestrator.in_flight if orchestrator else None
         latest = orchestrator.latest if orchestrator else None
-        counts = {role: cluster.counts(role) for role in ROLES} if cluster else {}
         return {
-            "sim_s": round(cluster.now, 3) if cluster else 0.0,
+            "sim_s": round(snap.sim_s, 3) if snap else 0.0,
             "speed": self.options.speed,
-            "ready": {role: c[1] for role, c in counts.items()},
-            "billed": {role: c[0] for role, c in counts.items()},
-            "targets": dict(cluster.targets) if cluster else {},
+            # The simulated clock's rate now: --speed, or less while the simulator cannot keep up.
+            "clock_rate": round(snap.clock_rate, 3) if snap else None,
+            "clock_slowdowns": self.sim.slowdowns if self.sim else 0,
+            "ready": dict(snap.ready) if snap else {},
+            # Ordered and not serving yet (ready + starting = targets), and draining.
+            "starting": dict(snap.starting) if snap else {},
+            "draining": dict(snap.draining) if snap else {},
+            "billed": dict(snap.billed) if snap else {},
+            "targets": dict(snap.targets) if snap else {},
             "last_acked": {"id": last_acked.id, "replicas": last_acked.targets} if last_acked else None,
-            "in_flight": {"id": in_flight.id, "targets": in_flight.targets} if in_flight else None,
+            "in_flight": (
+                {
+                    "id": in_flight.id,
+                    "targets": in_flight.targets,
+                    "applied_at_s": round(in_flight.applied_at_s, 3),
+                }
+                if in_flight
+                else None
+            ),
             "latest_decision": (
                 {"id": latest.id, "targets": latest.targets, "status": latest.status} if latest else None
             ),
             "decisions_applied": len(orchestrator.applied) if orchestrator else 0,
             "acks": orchestrator.acks if orchestrator else 0,
             "requests": {
-                "total": len(cluster.requests) if cluster else 0,
-                "arrived": cluster.frontend.started if cluster else 0,
-                "completed": cluster.completed if cluster else 0,
+                "total": snap.requests_total if snap else len(self.plan.requests),
+                "arrived": snap.arrived if snap else 0,
+                "completed": snap.completed if snap else 0,
             },
             "fpm": {
-                "sent": self.publisher.sent if self.publisher else 0,
-                "dropped": self.publisher.dropped if self.publisher else 0,
-                "unplaced": self.publisher.unplaced if self.publisher else 0,
+                "sent": snap.fpm_sent if snap else 0,
+                "dropped": snap.fpm_dropped if snap else 0,
+                "unplaced": snap.fpm_unplaced if snap else 0,
                 "endpoints": self.publisher.endpoints if self.publisher else [],
             },
-            "ended": self.end_reason,
+            "ended": self.end_reason or (snap.ended if snap else None),
             # Wall seconds inside cluster.run_until, and CPU seconds of the whole demo process.
-            "sim_busy_s": round(self._busy_s, 3),
+            "sim_busy_s": round(snap.busy_s, 3) if snap else 0.0,
+            "sim_longest_step_s": round(self.sim.longest_slice_s, 3) if self.sim else 0.0,
             "cpu_s": round(time.process_time(), 3),
             "planner_url": self.service.base_url if self.service else None,
             "planner_pid": self.service.pid if self.service else None,
@@ -302,6 +289,8 @@ class Demo:
             f"({len(self.plan.requests):,} requests), speed ×{o.speed:g}",
             "",
             "open:",
+            f"  live dashboard       {api}/dashboard",
+            f"  diagnostics report   {api}/diagnostics/report?deployment={name}",
             f"  planner API docs     {api}/docs",
             f"  decisions            {api}/decisions?deployment={name}",
             f"  ticks (diagnostics)  {api}/diagnostics?deployment={name}&limit=5",
@@ -312,44 +301,52 @@ class Demo:
             f"  engine FPM (ZMQ)     {endpoints[0]} ... {endpoints[-1]} (one per engine)",
             f"  planner log          {self.service.log_path}",
             "",
+            f"Times in the planner's API are simulated: {SIM_EPOCH.isoformat()} is the start of the "
+            f"trace, and the clock runs ×{o.speed:g} (slower while the simulator cannot keep up).",
             "Ctrl-C stops the demo.",
         ]
         for line in lines:
             self.out(line)
 
     def status_line(self, arrivals_rps: float, cpu_share: float | None = None) -> str:
-        assert self.cluster is not None
-        parts = [f"sim {_clock_text(self.cluster.now)}", f"{arrivals_rps:7.1f} req/s"]
+        assert self.sim is not None
+        snap = self.sim.snapshot
+        parts = [f"sim {_clock_text(snap.sim_s)}", f"{arrivals_rps:7.1f} req/s"]
         for role in ROLES:
-            billed, ready, _, _ = self.cluster.counts(role)
-            parts.append(f"{role} {ready} ready/{billed} billed")
+            starting = f" +{snap.starting[role]} starting" if snap.starting.get(role) else ""
+            parts.append(f"{role} {snap.ready[role]} ready{starting}/{snap.billed[role]} billed")
         latest = self.orchestrator.state.latest if self.orchestrator else None
         if latest is None:
             parts.append("no decision yet")
         else:
             targets = " ".join(f"{role[0].upper()}{count}" for role, count in latest.targets.items())
             parts.append(f"decision #{latest.id} {targets} {latest.status}")
+        if snap.clock_rate < self.options.speed:
+            parts.append(f"clock ×{snap.clock_rate:.2g} (simulator behind)")
         if cpu_share is not None:
             # The whole demo process (simulation, ZMQ and HTTP), over the last status interval.
             parts.append(f"demo CPU {cpu_share:.0%}")
         return " | ".join(parts)
 
     async def _report(self) -> None:
-        assert self.cluster is not None
-        last_sim, last_started = self.cluster.now, self.cluster.frontend.started
+        assert self.sim is not None
+        snap = self.sim.snapshot
+        last_sim, last_started = snap.sim_s, snap.arrived
         last_wall, last_cpu = time.monotonic(), time.process_time()
         while True:
             await asyncio.sleep(STATUS_EVERY_S)
-            now, started = self.cluster.now, self.cluster.frontend.started
+            snap = self.sim.snapshot
+            now, started = snap.sim_s, snap.arrived
             wall, cpu = time.monotonic(), time.process_time()
             rate = (started - last_started) / (now - last_sim) if now > last_sim else 0.0
             cpu_share = (cpu - last_cpu) / (wall - last_wall) if wall > last_wall else None
             last_sim, last_started, last_wall, last_cpu = now, started, wall, cpu
             self.out(self.status_line(rate, cpu_share))
 
-    def _summary(self) -> dict[str, Any]:
-        assert self.cluster is not None
-        cluster, sla = self.cluster, self.plan.deployment.sla
+    def _summary(self, cluster: Cluster, reason: str) -> dict[str, Any]:
+        """What the run achieved; computed by the simulator thread when the trace or --duration-s
+        ends, or by the main thread once that thread has stopped."""
+        sla = self.plan.deployment.sla
         ttft_target_s, itl_target_s = sla.ttft_ms / 1000.0, sla.itl_ms / 1000.0
         done = [r for r in cluster.requests if r.finish_s is not None]
         ttft_ok = itl_ok = both = 0
@@ -362,10 +359,13 @@ class Demo:
             both += ttft and itl
         n = len(done) or 1
         orchestrator = self.orchestrator.state if self.orchestrator else None
+        counts = {role: cluster.counts(role) for role in ROLES}
         return {
+            "reason": reason,
             "sim_s": round(cluster.now, 3),
             "wall_s": round(time.monotonic() - self._wall_started, 1),
             "requests": len(cluster.requests),
+            "arrived": cluster.frontend.started,
             "completed": len(done),
             "ttft_attainment": ttft_ok / n,
             "itl_attainment": itl_ok / n,
@@ -373,25 +373,53 @@ class Demo:
             "gpu_hours": cluster.gpu_seconds() / 3600.0,
             "decisions_applied": len(orchestrator.applied) if orchestrator else 0,
             "acks": orchestrator.acks if orchestrator else 0,
+            # At the end: engines serving, and engines ordered that were still starting.
+            "ready": {role: c[1] for role, c in counts.items()},
+            "starting": {role: c[2] for role, c in counts.items()},
+            "clock_slowdowns": self.sim.slowdowns if self.sim else 0,
+            "slowest_clock_rate": round(self.sim.slowest_rate, 3) if self.sim else None,
         }
+
+    def _summary_heading(self, s: dict[str, Any]) -> str:
+        reason = s["reason"]
+        if reason == "end_of_trace":
+            return "end of the trace"
+        if reason == "duration":
+            return "--duration-s reached"
+        if reason == "signal":
+            return f"stopped by {self.stop_signal or 'a signal'} before the end of the trace"
+        return f"stopped early ({reason.replace('_', ' ')})"
 
     def _print_summary(self, s: dict[str, Any]) -> None:
         sla = self.plan.deployment.sla
-        what = "end of the trace" if self.end_reason == "end_of_trace" else "--duration-s reached"
-        publisher = self.publisher
+        engines = ", ".join(
+            f"{role} {s['ready'][role]} ready"
+            + (f" + {s['starting'][role]} starting" if s["starting"][role] else "")
+            for role in ROLES
+        )
         lines = [
             "",
-            f"{what}: sim {_clock_text(s['sim_s'])} after {s['wall_s']:.0f} s of wall time",
-            f"  requests          {s['completed']:,} completed of {s['requests']:,}",
+            f"{self._summary_heading(s)}: sim {_clock_text(s['sim_s'])} "
+            f"after {s['wall_s']:.0f} s of wall time",
+            f"  requests          {s['completed']:,} completed of {s['arrived']:,} arrived "
+            f"({s['requests']:,} in the trace)",
             f"  TTFT <= {sla.ttft_ms:g} ms    {s['ttft_attainment']:.1%}",
             f"  ITL <= {sla.itl_ms:g} ms       {s['itl_attainment']:.1%}",
             f"  both (SLO)        {s['slo_attainment']:.1%}",
             f"  GPU-hours         {s['gpu_hours']:.2f} (simulated)",
             f"  decisions         {s['decisions_applied']} applied, {s['acks']} acknowledged",
+            f"  engines           {engines}",
         ]
-        if publisher is not None:
-            lines.append(f"  FPM messages      {publisher.sent:,} published, {publisher.dropped:,} dropped")
-        if not self.options.exit_at_end and self.end_reason == "end_of_trace":
+        if s["clock_slowdowns"]:
+            lines.append(
+                f"  simulated clock   slowed {s['clock_slowdowns']} time(s), "
+                f"to ×{s['slowest_clock_rate']:.2g} at the slowest "
+                f"(the simulator could not keep up with ×{self.options.speed:g})"
+            )
+        snap = self.sim.snapshot if self.sim else None
+        if snap is not None:
+            lines.append(f"  FPM messages      {snap.fpm_sent:,} published, {snap.fpm_dropped:,} dropped")
+        if not self.options.exit_at_end and s["reason"] == "end_of_trace":
             lines.append("the planner keeps running (it will scale down); Ctrl-C stops the demo")
         lines.append("")
         for line in lines:
@@ -401,7 +429,6 @@ class Demo:
 
     async def run(self) -> int:
         """Start everything, run until the end (or a signal), stop everything."""
-        self.ended = asyncio.Event()
         tasks: list[asyncio.Task[None]] = []
         try:
             self.tmp_dir = Path(tempfile.mkdtemp(prefix="planner-demo-"))
@@ -416,7 +443,20 @@ class Demo:
                 model_name=model_name(deployment),
                 on_fpm=self.publisher.publish,
             )
+            # The simulated world starts now, at the wall clock's pace while the planner starts
+            # (a few simulated seconds), and runs at --speed from the moment the planner is ready.
+            self.clock = SharedClockWriter(self.tmp_dir / "clock", rate=1.0)
+            self.sim = SimulationThread(
+                self.cluster,
+                self.publisher,
+                self.clock,
+                speed=self.options.speed,
+                duration_s=self.options.duration_s,
+                summarize=self._summary,
+                step_cost_s=self.options.sim_cost_s,
+            )
             await self.frontend.start()
+            self.sim.start()
             config_path = self.tmp_dir / "deployments.yaml"
             config = service_deployments_file(
                 self.plan, frontend_url=self.frontend.url(), fpm_endpoints=self.publisher.endpoints_by_role
@@ -429,7 +469,7 @@ class Demo:
                     "PLANNER_DATABASE_URL": f"sqlite:///{self.tmp_dir / 'planner.db'}",
                     "PLANNER_HOST": "127.0.0.1",
                     "PLANNER_PORT": str(self.options.port),
-                    "PLANNER_TIME_SCALE": repr(float(self.options.speed)),
+                    "PLANNER_CLOCK_FILE": str(self.clock.path),
                     "PLANNER_LOG_LEVEL": self.options.log_level.upper(),
                 },
                 log_path=self.tmp_dir / "planner.log",
@@ -441,15 +481,12 @@ class Demo:
             self.orchestrator = Orchestrator(
                 base_url=self.service.base_url,
                 deployment=deployment.name,
-                cluster=self.cluster,
+                cluster=self.sim,
                 sim_now=self.sim_now,
             )
             self._print_urls()
-            # Simulated t = 0 starts now; the service's clock has been running at the same speed.
-            self._t0 = time.monotonic()
-            self._wall_started = self._t0
+            self.clock.set_rate(self.options.speed)
             tasks = [
-                asyncio.create_task(self._simulate(), name="simulate"),
                 asyncio.create_task(self.orchestrator.run(), name="orchestrator"),
                 asyncio.create_task(self._report(), name="status"),
             ]
@@ -459,7 +496,7 @@ class Demo:
             print(f"planner: error: {exc}", file=sys.stderr)
             self.stop_reason = "service_failed"
             return 1
-        except OSError as exc:
+        except (OSError, SimulatorError) as exc:
             print(f"planner: error: {exc}", file=sys.stderr)
             self.stop_reason = "failed"
             return 1
@@ -470,34 +507,55 @@ class Demo:
             await self._shutdown(tasks)
 
     async def _until_done(self, tasks: list[asyncio.Task[None]]) -> None:
-        """Until the run ends (with --exit-at-end or --duration-s), a task fails, or the service
-        exits on its own."""
-        assert self.ended is not None and self.service is not None
+        """Until the run ends (with --exit-at-end or --duration-s), a task or the simulator
+        fails, or the service exits on its own. Prints the summary when the simulation ends."""
+        assert self.service is not None and self.sim is not None
         stop_at_end = self.options.exit_at_end or self.options.duration_s is not None
         while True:
             for task in tasks:
                 if task.done():
                     task.result()  # raises what it died of
                     raise RuntimeError(f"the {task.get_name()} task stopped")
+            if self.sim.error is not None or not self.sim.alive:
+                raise SimulatorError(f"the simulator stopped: {self.sim.error!r}")
             status = self.service.exit_status()
             if status is not None:
                 raise ServiceError(
                     f"the planner service exited with status {status}; its log ends with:\n"
                     f"{self.service.log_tail()}"
                 )
-            if self.ended.is_set() and stop_at_end:
-                self.stop_reason = self.end_reason or "ended"
+            snap = self.sim.snapshot
+            if self.summary is None and snap.ended is not None and snap.summary is not None:
+                self.end_reason = snap.ended
+                self.summary = snap.summary
+                self._print_summary(self.summary)
+            if self.end_reason is not None and stop_at_end:
+                self.stop_reason = self.end_reason
                 return
             await asyncio.sleep(0.1)
 
     async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
-        """Orchestrator first (no half-applied decision is acknowledged), then the service, then
-        the sockets and the temporary directory. Runs on every exit path."""
+        """Orchestrator first (no half-applied decision is acknowledged), then the simulator (its
+        last orders applied), the summary if the run did not reach its end, the service, the
+        sockets and the temporary directory. Runs on every exit path."""
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.sim is not None:
+            stopped = await asyncio.to_thread(self.sim.stop, SIM_STOP_TIMEOUT_S)
+            if not stopped:
+                log.warning("the simulator did not stop within %g s", SIM_STOP_TIMEOUT_S)
+            snap = self.sim.snapshot
+            if self.summary is None and snap.summary is not None:
+                # The simulation reached its end just before the stop: that is its summary.
+                self.end_reason, self.summary = snap.ended, snap.summary
+                self._print_summary(self.summary)
+            elif self.summary is None and self.cluster is not None:
+                # Ctrl-C, SIGTERM, a failure: the run did not reach its end, say what it did.
+                self.summary = self._summary(self.cluster, self.stop_reason)
+                self._print_summary(self.summary)
         service_status = None
         if self.service is not None:
             service_status = await self.service.stop(STOP_TIMEOUT_S)
@@ -506,17 +564,27 @@ class Demo:
         endpoints = final["fpm"].pop("endpoints")
         final["fpm"]["endpoint_count"] = len(endpoints)
         await self.frontend.close()
-        if self.publisher is not None:
+        if self.publisher is not None and (self.sim is None or not self.sim.alive):
             self.publisher.close()
         if self.tmp_dir is not None:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
         self.out(json.dumps(final))
 
 
+class SimulatorError(Exception):
+    """The simulator thread died."""
+
+
 def run_demo(options: DemoOptions) -> int:
     """`planner demo`: validate, then run until the end or Ctrl-C / SIGTERM. The exit status."""
     # One line per long-poll would bury the status lines.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    cost = os.environ.get(SIM_COST_ENV)
+    if cost:
+        try:
+            options = dataclasses.replace(options, sim_cost_s=float(cost))
+        except ValueError:
+            raise ConfigError(f"{SIM_COST_ENV}: not a number: {cost!r}") from None
     plan = prepare(options)  # ConfigError: the caller prints one line and exits 2
     check_port_free(options.port)
     return asyncio.run(_main(plan))
@@ -532,7 +600,8 @@ async def _main(plan: DemoPlan) -> int:
         nonlocal signals
         signals += 1
         if signals == 1:
-            print(f"\n{signal.Signals(signum).name}: stopping the demo ...", file=sys.stderr, flush=True)
+            demo.stop_signal = signal.Signals(signum).name
+            print(f"\n{demo.stop_signal}: stopping the demo ...", file=sys.stderr, flush=True)
             task.cancel()
         else:
             print("still stopping (the service gets SIGKILL after 10 s) ...", file=sys.stderr, flush=True)

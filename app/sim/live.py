@@ -1,13 +1,15 @@
 """The demo's real-protocol adapters around the simulated cluster.
 
-- `HttpEndpoint`: uvicorn on loopback, in the demo's event loop, serving the
-  simulated frontend's `/metrics` (Prometheus text) and the demo's `/status` (JSON);
+- `HttpEndpoint`: uvicorn on loopback, in a thread of its own, serving the simulated frontend's
+  `/metrics` (Prometheus text) and the demo's `/status` (JSON) from the simulator's latest
+  snapshot;
 - `FpmPublisher`: one ZMQ publisher per engine on `tcp://127.0.0.1:{base_port + n}` (Dynamo's
   layout), sending each ForwardPassMetrics record as `(topic, 8-byte big-endian sequence,
   msgpack payload)` without ever blocking the simulation;
 - `PlannerService`: `planner serve` as a child process, started and stopped cleanly;
 - `Orchestrator`: the virtual connector's other side, over HTTP: long-poll
-  `GET /decisions/wait`, order the engines, wait until they are up, `POST /decisions/{id}/complete`.
+  `GET /decisions/wait`, order the engines (`ClusterControl`: the simulator thread of
+  app/sim/realtime.py), wait until they are up, `POST /decisions/{id}/complete`.
 
 Nothing here knows about wall-clock speed: the demo (`app/sim/demo.py`) owns the clock.
 """
@@ -23,11 +25,12 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import msgpack
@@ -35,13 +38,14 @@ import uvicorn
 import zmq
 
 from app.core.perf.fpm import ForwardPassMetrics
-from app.sim.cluster import ROLES, Cluster
+from app.sim.cluster import ROLES
 
 log = logging.getLogger(__name__)
 
 # --- HTTP endpoints ---------------------------------------------------------------------------------
 
-# path -> () -> (content type, body); called on the event loop, between simulation steps.
+# path -> () -> (content type, body); called on the endpoint's own thread, so it must only read
+# what another thread published (the simulator's latest snapshot).
 Route = Callable[[], tuple[str, bytes]]
 
 
@@ -54,7 +58,8 @@ class _NoSignalServer(uvicorn.Server):
 
 
 class HttpEndpoint:
-    """A few GET routes served by uvicorn on loopback, in the demo's own event loop."""
+    """A few GET routes served by uvicorn on loopback, in a thread (and event loop) of its own:
+    neither a slow simulation step nor the demo's own loop can keep it from answering."""
 
     def __init__(self, routes: Mapping[str, Route], host: str = "127.0.0.1", port: int = 0) -> None:
         from starlette.applications import Starlette
@@ -75,30 +80,39 @@ class HttpEndpoint:
         )
         self.host = host
         self._server = _NoSignalServer(config)
-        self._task: asyncio.Task[None] | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
 
     @property
     def port(self) -> int:
-        assert self._task is not None and self._server.started, "not started"
+        assert self._thread is not None and self._server.started, "not started"
         return self._server.servers[0].sockets[0].getsockname()[1]
 
     def url(self, path: str = "") -> str:
         return f"http://{self.host}:{self.port}{path}"
 
+    def _serve(self) -> None:
+        try:
+            asyncio.run(self._server.serve())
+        except BaseException as exc:  # reported by start() or close()
+            self._error = exc
+
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._server.serve())
+        self._thread = threading.Thread(target=self._serve, name="http-endpoint", daemon=True)
+        self._thread.start()
         while not self._server.started:
-            if self._task.done():
-                self._task.result()  # raises why it could not start (port taken, ...)
+            if not self._thread.is_alive():
+                if self._error is not None:
+                    raise self._error  # why it could not start (port taken, ...)
                 raise RuntimeError("the HTTP endpoint stopped while starting")
             await asyncio.sleep(0.01)
 
     async def close(self) -> None:
-        if self._task is None:
+        if self._thread is None:
             return
         self._server.should_exit = True
-        await self._task
-        self._task = None
+        await asyncio.to_thread(self._thread.join, 10.0)
+        self._thread = None
 
 
 # --- FPM over ZMQ ---------------------------------------------------------------------------------
@@ -336,11 +350,24 @@ class PlannerService:
 # --- the orchestrator ------------------------------------------------------------------------------
 
 
+class ClusterControl(Protocol):
+    """What the orchestrator needs of the simulated cluster, from another thread."""
+
+    def order(self, targets: Mapping[str, int]) -> int:
+        """Ask for `targets` engines; the order's number."""
+        ...
+
+    def ready_counts(self) -> tuple[int, dict[str, int]]:
+        """(number of the last order applied, ready engines per role)."""
+        ...
+
+
 @dataclass
 class AppliedDecision:
     id: int
     targets: dict[str, int]
     applied_at_s: float  # simulated
+    order: int = 0  # the cluster order that carries it
     status: str = "applying"  # applying → succeeded | superseded (409) | replaced (a newer one came)
     acked_at_s: float | None = None
 
@@ -374,7 +401,7 @@ class Orchestrator:
         *,
         base_url: str,
         deployment: str,
-        cluster: Cluster,
+        cluster: ClusterControl,
         sim_now: Callable[[], float],
         poll_s: float = 0.02,
         wait_timeout_s: float = 5.0,
@@ -440,9 +467,8 @@ class Orchestrator:
         previous = self.state.in_flight
         if previous is not None:
             previous.status = "replaced"
-        for role, count in targets.items():
-            self.cluster.set_target(role, count)
-        applied = AppliedDecision(decision["id"], targets, applied_at_s=self.sim_now())
+        order = self.cluster.order(targets)
+        applied = AppliedDecision(decision["id"], targets, applied_at_s=self.sim_now(), order=order)
         self.state.applied.append(applied)
         log.info(
             "orchestrator: decision %d (%s): %s",
@@ -460,20 +486,21 @@ class Orchestrator:
     ) -> dict[str, Any] | None:
         """Wait until the decision's engines are up and acknowledge it; None when acknowledged,
         or the newer decision that arrived first."""
-        while not self._reached(applied.targets):
+        while not self._reached(applied):
             if next_decision.done():
                 return next_decision.result()
             await asyncio.sleep(self.poll_s)
         await self._acknowledge(client, applied)
         return None
 
-    def _reached(self, targets: Mapping[str, int]) -> bool:
-        ready = self.cluster.ready_counts()
-        return all(ready[role] == count for role, count in targets.items())
+    def _reached(self, applied: AppliedDecision) -> bool:
+        """The decision's order is applied and its engines are all ready."""
+        done, ready = self.cluster.ready_counts()
+        return done >= applied.order and all(ready[role] == n for role, n in applied.targets.items())
 
     async def _acknowledge(self, client: httpx.AsyncClient, applied: AppliedDecision) -> None:
         observed = {
-            role: count for role, count in self.cluster.ready_counts().items() if role in applied.targets
+            role: count for role, count in self.cluster.ready_counts()[1].items() if role in applied.targets
         }
         took_s = self.sim_now() - applied.applied_at_s
         body = {

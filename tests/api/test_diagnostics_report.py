@@ -22,6 +22,7 @@ from app.reports.diagnostics_html import _build_figure, _changes, _gapped, _read
 from app.store.ticks import add_tick
 from tests.api.helpers import TOKENS, VIEWER, assert_problem, bearer, pin, tick, two_deployments
 from tests.conftest import T0, Api
+from tests.support import REPO_ROOT
 from tests.unit.test_metrics_load import disagg_tick, load_record
 
 pytestmark = pytest.mark.anyio
@@ -364,3 +365,97 @@ async def test_more_ticks_than_one_fetch(make_api):
     page = (await report(api, deployment="demo")).text
     assert header(page, "Ticks") == "2500"
     assert header(page, "Ticks shown") == "2026-11-29 12:00:00 UTC to 2026-11-29 15:28:15 UTC"
+
+
+# --- SLA scaling ticks ------------------------------------------------------------------------------
+
+SLA_TICKS = REPO_ROOT / "tests" / "data" / "sla_ticks.json"
+# What SLA ticks cannot fill, and the reason the page gives for each.
+SLA_EMPTY = {
+    "Estimated ITL, worst engine (ms)": "SLA scaling estimates no ITL",
+    "Decode engines: queued + in-flight KV tokens": "SLA ticks record the requests decode holds",
+    "Load scaling decisions": "load scaling did not run in these ticks",
+    "Throughput scaling decisions": "throughput scaling did not run in these ticks",
+}
+
+
+def sla_ticks() -> list[tuple[datetime, dict[str, Any]]]:
+    rows = json.loads(SLA_TICKS.read_text())["ticks"]
+    return [(datetime.fromisoformat(r["at"].replace("Z", "+00:00")), r["record"]) for r in rows]
+
+
+def panel_data(fig: Any) -> dict[str, int]:
+    """Finite points per panel title (target lines and placeholders are not data)."""
+    titles = [
+        a.text for a in fig.layout.annotations if a.xref == "paper" and not a.text.startswith("no data")
+    ]
+    points = dict.fromkeys(titles, 0)
+    for trace in fig.data:
+        if trace.meta == "reference" or trace.y is None:
+            continue
+        panel = int((trace.yaxis or "y")[1:] or 1)
+        values = [v for v in trace.y if v is not None and not (isinstance(v, float) and math.isnan(v))]
+        points[titles[panel - 1]] += len(values)
+    return points
+
+
+async def test_report_of_sla_ticks_fills_its_panels(make_api):
+    """Ticks of SLA scaling (the default algorithm), as the demo stored them: every panel the SLA
+    section can fill has data, the SLA panels are there, and the four it cannot fill say why."""
+    api = await make_api()
+    store(api, sla_ticks())
+    page = (await report(api, deployment="demo")).text
+    assert header(page, "Ticks") == "12"
+    assert header(page, "Decisions") == "3"
+    assert header(page, "SLA steps") == "12 (1 up, 2 down)"
+    names = trace_names(page)
+    assert {
+        "observed",
+        "SLA demand (sized for)",
+        "observed TTFT",
+        "observed ITL",
+        "SLA model: prefill wait + service at the wish",
+        "all prefill engines (SLA tick)",
+        "prefill latency model: forward passes",
+        "observed ISL",
+        "SLA OSL (trend window)",
+        "prefill ready",
+        "decode target",
+        "prefill wish",
+        "decode need",
+        "prompt tokens",
+        "decode requests in flight",
+        "prefill scale",
+        "prefill capacity correction",
+        "lead",
+        "measured",
+        "scale_up",
+        "scale_down",
+        "hold",
+        "no_change",
+    } <= names, names
+    for title, why in SLA_EMPTY.items():
+        assert f"no data: {why}" in page, title
+
+    fig, notes = _build_figure([_read(at, rec) for at, rec in sla_ticks()], SLA)
+    assert notes == []
+    points = panel_data(fig)
+    assert {title for title, n in points.items() if n == 0} == set(SLA_EMPTY), points
+    empty_notes = [a.text for a in fig.layout.annotations if a.text.startswith("no data")]
+    assert len(empty_notes) == len(SLA_EMPTY)
+
+
+def test_seed_ticks_get_no_sla_panels_and_empty_panels_say_why():
+    rows = [_read(at, rec) for at, rec in five_ticks()]
+    fig, _ = _build_figure(rows, SLA)
+    points = panel_data(fig)
+    assert not any(title.startswith("SLA scaling") for title in points)
+    # The load step ran and throughput once: only the panels nothing filled say so.
+    assert {title for title, n in points.items() if n == 0} == set(), points
+    assert not [a.text for a in fig.layout.annotations if a.text.startswith("no data")]
+    # A range of worker ticks with no policy at all: every panel but the replicas says so.
+    bare = [_read(T0 + timedelta(seconds=5 * i), {"target": {"prefill": 1, "decode": 1}}) for i in range(3)]
+    fig, _ = _build_figure(bare, SLA)
+    empty = [a.text for a in fig.layout.annotations if a.text.startswith("no data")]
+    assert len(empty) == 11, empty
+    assert "no data: load scaling did not run in these ticks" in empty

@@ -12,12 +12,14 @@ import json
 import os
 import queue
 import signal
+import statistics
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -148,12 +150,12 @@ def demo_env() -> dict[str, str]:
     return env
 
 
-def start_demo(tmp_path: Path, *args: str) -> DemoProcess:
+def start_demo(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> DemoProcess:
     stderr_path = tmp_path / "demo.stderr"
     proc = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "demo", *args],
         cwd=REPO_ROOT,
-        env=demo_env(),
+        env={**demo_env(), **(env or {})},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=stderr_path.open("w"),
@@ -249,6 +251,28 @@ def check_fpm_messages(received: list[tuple[str, list[bytes]]]) -> None:
     assert roles == {"prefill", "decode"}, roles
 
 
+STARTUP_DELAY_S = 120.0  # examples/replay.yaml's simulation.startup_delay_s
+
+
+def check_engines_at_the_end(final: dict[str, Any]) -> None:
+    """The engines when the demo stopped, against what the orchestrator ordered: ready + starting
+    is the target of every role; with no decision in flight every engine ordered is up, and a
+    decision still in flight was placed less than a start-up delay before the end (its engines
+    had no time to start; one older than that would be a stuck orchestrator)."""
+    for role, target in final["targets"].items():
+        assert final["ready"][role] + final["starting"][role] == target, final
+    in_flight = final["in_flight"]
+    if in_flight is None:
+        assert final["starting"] == {role: 0 for role in final["targets"]}, final
+        latest = final["latest_decision"]
+        if latest is not None:
+            assert final["ready"] == final["targets"] == latest["targets"], final
+    else:
+        assert final["targets"] == in_flight["targets"], final
+        # A few simulated seconds for the orchestrator's poll at speed 100.
+        assert final["sim_s"] - in_flight["applied_at_s"] < STARTUP_DELAY_S + 10.0, final
+
+
 def replicas(decision: dict[str, Any]) -> dict[str, int]:
     return {"prefill": decision["num_prefill"], "decode": decision["num_decode"]}
 
@@ -332,7 +356,11 @@ def test_demo_scales_the_simulated_cluster_over_http_and_zmq(
     assert final["reason"] == "signal"
     # Stopped by SIGTERM (uvicorn re-raises it after a graceful shutdown), not killed after a timeout.
     assert final["planner_exit_status"] in (0, -signal.SIGTERM)
-    assert final["ready"] == final["targets"]
+    # The planner may order engines between the snapshot above and Ctrl-C (it keeps deciding
+    # after the trace): ready or still starting, as the orchestrator left them.
+    check_engines_at_the_end(final)
+    # The summary was printed once, at the end of the trace, not again at Ctrl-C.
+    assert sum(ln.startswith(("end of the trace", "stopped")) for ln in demo.lines) == 1, demo.output()
     assert process_gone(pid)
     assert not Path(final["tmp_dir"]).exists()
     with pytest.raises(httpx.ConnectError):
@@ -360,16 +388,14 @@ def test_demo_stops_after_duration_with_the_bundled_trace(tmp_path: Path, cleanu
     assert final["sim_s"] == 400.0
     assert final["summary"]["sim_s"] == 400.0
     assert 0 < final["requests"]["completed"] <= final["requests"]["arrived"] == final["requests"]["total"]
-    in_flight = final["in_flight"]
-    if in_flight is None and final["last_acked"] is None:
-        # At the trace's own rate the engines it starts with may be right all along (load scaling
-        # keeps them, throughput only sets its floor): nothing decided, nothing moved.
+    if final["latest_decision"] is None:
+        # At the trace's own rate the engines it starts with may be right all along: nothing
+        # decided, nothing moved.
         assert final["decisions_applied"] == 0
-        assert final["ready"] == final["targets"]
-    elif in_flight is None:
-        assert final["ready"] == final["last_acked"]["replicas"]
-    else:  # stopped while engines were starting: ordered, not yet all ready
-        assert final["targets"] == in_flight["targets"]
+    check_engines_at_the_end(final)
+    # The summary says which engines were still starting, as the final state does.
+    assert final["summary"]["ready"] == final["ready"]
+    assert final["summary"]["starting"] == final["starting"]
     assert any(ln.startswith("--duration-s reached") for ln in demo.lines)
     assert final["planner_exit_status"] in (0, -signal.SIGTERM)
     assert process_gone(pid)
@@ -385,6 +411,11 @@ def test_ctrl_c_during_start_up_leaves_nothing_running(tmp_path: Path, cleanup: 
     final = demo.final_state()
     assert final["planner_exit_status"] in (0, -signal.SIGTERM)
     assert not Path(final["tmp_dir"]).exists()
+    # Stopped before the trace began: the summary still says so (nothing simulated yet).
+    assert any(ln.startswith("stopped by SIGINT before the end of the trace") for ln in demo.lines), (
+        demo.output()
+    )
+    assert final["summary"]["reason"] == "signal"
 
 
 @pytest.mark.timeout(120)
@@ -397,7 +428,94 @@ def test_service_dying_stops_the_demo_with_an_error(tmp_path: Path, cleanup: lis
     assert demo.wait_exit(60) == 1, demo.output()
     stderr = demo.stderr_path.read_text()
     assert "planner: error: the planner service exited with status -9" in stderr, stderr
-    assert not Path(demo.final_state()["tmp_dir"]).exists()
+    final = demo.final_state()
+    assert not Path(final["tmp_dir"]).exists()
+    assert any(ln.startswith("stopped early (service failed)") for ln in demo.lines), demo.output()
+    assert final["summary"]["reason"] == "service_failed"
+
+
+SIM_COST_S = 0.05  # wall seconds the simulator sleeps per simulated second: at most x20
+
+
+@pytest.mark.timeout(300)
+def test_a_simulator_that_cannot_keep_up_slows_the_clock_and_the_planner_follows(
+    tmp_path: Path, cleanup: list[DemoProcess]
+) -> None:
+    """A deliberately slow simulator (it sleeps SIM_COST_S per simulated second, so it reaches
+    at most x20 while --speed asks for x100): the clock slows, which the log says once; the
+    frontend answers at once all along, the planner stays ready, its ticks keep their 5 simulated
+    seconds and see the trace's own request rate (its clock is the slowed one), its decisions
+    follow the step up; SIGTERM before the end still prints the summary."""
+    trace = write_step_trace(tmp_path / "step.jsonl")
+    demo = start_demo(
+        tmp_path,
+        *("--trace", str(trace), "--speed", str(SPEED), "--rate-scale", "1", "--port", str(free_port())),
+        env={"PLANNER_DEMO_SIM_COST": str(SIM_COST_S)},
+    )
+    cleanup.append(demo)
+    status_url = demo.url("demo status (JSON)")
+    frontend_url = demo.url("simulated frontend")
+    planner_url = demo.url("planner API docs").removesuffix("/docs")
+    assert demo.url("live dashboard") == f"{planner_url}/dashboard"
+    assert demo.url("diagnostics report") == f"{planner_url}/diagnostics/report?deployment=replay"
+    slowest_answer_s = 0.0
+    deadline = time.monotonic() + 150
+    with httpx.Client(timeout=10) as client:
+        while True:
+            started = time.monotonic()
+            assert client.get(frontend_url).status_code == 200
+            slowest_answer_s = max(slowest_answer_s, time.monotonic() - started)
+            ready = client.get(f"{planner_url}/readyz")
+            assert ready.status_code == 200, ready.text
+            state = client.get(status_url).json()
+            if state["sim_s"] >= 450:
+                break
+            assert time.monotonic() < deadline, f"the simulation stalled at {state['sim_s']}\n{demo.output()}"
+            time.sleep(0.5)
+        ticks = client.get(
+            f"{planner_url}/diagnostics", params={"deployment": "replay", "limit": 1000}
+        ).json()
+        decisions = client.get(f"{planner_url}/decisions", params={"deployment": "replay"}).json()["items"]
+    assert slowest_answer_s < 2.0, slowest_answer_s
+    assert state["clock_slowdowns"] >= 1, state
+    stderr = demo.stderr_path.read_text()
+    assert stderr.count("the simulator cannot keep up with speed x100") == 1, stderr[-3000:]
+
+    # The planner's time is the simulator's: ticks 5 simulated seconds apart, and the trace's rate.
+    epoch = datetime(2000, 1, 1, tzinfo=UTC)
+    sla_ticks = [
+        ((datetime.fromisoformat(t["at"]) - epoch).total_seconds(), t["record"])
+        for t in ticks["items"]
+        if t["record"]["sla"] is not None
+    ]
+    at_s = [at for at, _ in sla_ticks]
+    gaps = sorted(b - a for a, b in zip(at_s, at_s[1:], strict=False))
+    assert 4.0 <= gaps[len(gaps) // 2] <= 6.0, gaps
+    observed = [(at, r["traffic"]["observed"]) for at, r in sla_ticks if at > 20 and r["traffic"]["observed"]]
+    assert all(r["traffic"]["error"] is None for at, r in sla_ticks if at > 20), sla_ticks
+    before = [o["num_req"] / o["duration_s"] for at, o in observed if 30 < at < 190]
+    after = [o["num_req"] / o["duration_s"] for at, o in observed if 230 < at < 440]
+    assert before and after, observed
+    assert 0.7 <= statistics.mean(before) <= 1.3, before  # 1 request/s
+    assert 7.0 <= statistics.mean(after) <= 11.0, after  # 9 requests/s
+    # Decisions follow the step: prefill scaled up after it.
+    created_s = [(datetime.fromisoformat(d["created_at"]) - epoch).total_seconds() for d in decisions]
+    assert any(s > 200 and d["num_prefill"] >= 2 for s, d in zip(created_s, decisions, strict=True)), (
+        decisions
+    )
+
+    demo.proc.send_signal(signal.SIGTERM)
+    assert demo.wait_exit(STOP_TIMEOUT_S) == 0, demo.output()
+    final = demo.final_state()
+    assert final["reason"] == "signal"
+    assert any(ln.startswith("stopped by SIGTERM before the end of the trace") for ln in demo.lines), (
+        demo.output()
+    )
+    assert final["summary"]["reason"] == "signal"
+    assert final["summary"]["clock_slowdowns"] >= 1
+    # At most x20 simulated, and the clock slowed to less than that at least once.
+    assert final["summary"]["slowest_clock_rate"] < 20.0, final["summary"]
+    check_engines_at_the_end(final)
 
 
 # --- the FPM publisher alone (real sockets, in-process) --------------------------------------------

@@ -1,5 +1,6 @@
 """ManualClock: time moves only on `advance`, and sleepers wake exactly when their time has come.
-ScaledClock: accelerated real time (PLANNER_TIME_SCALE)."""
+ScaledClock: accelerated real time (PLANNER_TIME_SCALE). SharedClock: the time another process
+drives (`planner demo`'s simulated clock, PLANNER_CLOCK_FILE)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.workers.clock import ManualClock, ScaledClock
+from app.workers.clock import SIM_EPOCH, ManualClock, ScaledClock, SharedClock, SharedClockWriter
 
 pytestmark = pytest.mark.anyio
 
@@ -143,3 +144,62 @@ async def test_scaled_clock_sleeps_divided_by_speed() -> None:
 def test_scaled_clock_rejects_bad_speeds(speed: float) -> None:
     with pytest.raises(ValueError, match="speed"):
         ScaledClock(speed)
+
+
+# --- SharedClock: the time `planner demo`'s simulator drives, read by the planner service ----------
+
+
+def test_shared_clock_reads_what_the_writer_drives(tmp_path):
+    mono = FakeMonotonic()
+    writer = SharedClockWriter(tmp_path / "clock", rate=10.0, monotonic=mono)
+    reader = SharedClock(tmp_path / "clock", monotonic=mono)
+    assert reader.now() == SIM_EPOCH
+    mono.t += 2.0
+    assert writer.sim_s() == reader.scaled_monotonic() == 20.0
+    assert reader.now() == SIM_EPOCH + timedelta(seconds=20)
+    writer.set_rate(2.0)  # continuous: the new line starts where the old one is
+    mono.t += 1.0  # past the reader's re-read interval
+    assert writer.sim_s() == reader.scaled_monotonic() == 22.0
+    assert reader.rate == 2.0
+    assert reader.describe()["kind"] == "simulated"
+    assert reader.describe()["epoch"] == "2000-01-01T00:00:00+00:00"
+
+
+def test_shared_clock_never_goes_back_when_it_reads_a_slowdown_late(tmp_path):
+    mono = FakeMonotonic()
+    writer = SharedClockWriter(tmp_path / "clock", rate=10.0, monotonic=mono)
+    reader = SharedClock(tmp_path / "clock", monotonic=mono)
+    mono.t += 1.0
+    assert reader.scaled_monotonic() == 10.0
+    writer.set_rate(1.0)
+    mono.t += 0.01  # within the re-read interval: the reader still extrapolates at x10
+    ahead = reader.scaled_monotonic()
+    assert ahead == pytest.approx(10.1)
+    mono.t += 0.02  # re-read: the writer says 10.03, less than what was already shown
+    assert reader.scaled_monotonic() == ahead
+    mono.t += 1.0
+    assert reader.scaled_monotonic() == pytest.approx(11.03)
+
+
+def test_shared_clock_refuses_a_missing_or_bad_file(tmp_path):
+    with pytest.raises(ValueError, match="PLANNER_CLOCK_FILE"):
+        SharedClock(tmp_path / "missing")
+    (tmp_path / "short").write_bytes(b"123")
+    with pytest.raises(ValueError, match="PLANNER_CLOCK_FILE"):
+        SharedClock(tmp_path / "short")
+    with pytest.raises(ValueError, match="rate"):
+        SharedClockWriter(tmp_path / "clock", rate=0.0)
+
+
+async def test_shared_clock_sleeps_follow_a_rate_change(tmp_path):
+    """A sleep re-reads the rate: slowed down while asleep, it wakes at the simulated time."""
+    writer = SharedClockWriter(tmp_path / "clock", rate=1000.0)
+    reader = SharedClock(tmp_path / "clock")
+    due = reader.now() + timedelta(seconds=300)  # 0.3 wall seconds at x1000
+    sleeper = asyncio.create_task(reader.sleep_until(due))
+    await asyncio.sleep(0.05)
+    writer.set_rate(100.0)  # now 300 simulated seconds take longer
+    started = time.monotonic()
+    await asyncio.wait_for(sleeper, timeout=10)
+    assert reader.now() >= due
+    assert time.monotonic() - started > 0.5  # slower than the x1000 it started at

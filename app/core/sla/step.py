@@ -87,6 +87,9 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         "scale_samples": scales,
         "lead_s": round(lead_s, 1),
         "lead_measured": state.lead_s is not None,
+        # What the tick saw running (the connector's or FPM's count), beside what it ordered.
+        "ready": dict(inp.ready),
+        "expected": dict(inp.expected),
     }
     if state.latency is not None:
         diagnostics["latency"] = {

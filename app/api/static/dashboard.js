@@ -1,0 +1,411 @@
+// The planner's live dashboard (app/api/routes/dashboard.py): polls the JSON API and draws, per
+// deployment, the load, the replicas against their targets, TTFT and ITL against the SLA, and for
+// SLA scaling its demand, forecast headroom, measured scale and correction, lead and wishes, with
+// the decisions and their reasons. Query parameters: refresh_s (default 2), window_s (planner
+// seconds of ticks kept, default 3600). A token: `#token=...` once, or the form.
+"use strict";
+
+(function () {
+  const params = new URLSearchParams(location.search);
+  const REFRESH_MS = 1000 * Math.max(0.5, Number(params.get("refresh_s")) || 2);
+  const WINDOW_S = Math.max(60, Number(params.get("window_s")) || 3600);
+  const PAGE = 1000; // the API's largest page
+  const ROLES = ["prefill", "decode", "workers"];
+  const COLOURS = { prefill: "#1f77b4", decode: "#ff7f0e", workers: "#2ca02c" };
+  const TOKEN_KEY = "planner-dashboard-token";
+
+  const CHARTS = [
+    { id: "rate", title: "Load: request rate (req/s)", y: "req/s" },
+    { id: "replicas", title: "Replicas per role: ready as the planner knows it (solid), target (dotted)", y: "engines" },
+    { id: "ttft", title: "TTFT (ms), observed mean against the target", y: "ms", log: true },
+    { id: "itl", title: "ITL (ms), observed mean against the target", y: "ms", log: true },
+    { id: "wishes", title: "SLA scaling: wish (solid) and need (dotted) per role", y: "engines" },
+    { id: "headroom", title: "SLA scaling: forecast headroom (peak within one lead ÷ level)", y: "×" },
+    { id: "scale", title: "SLA scaling: measured scale and capacity correction", y: "×" },
+    { id: "lead", title: "SLA scaling: lead (s), measured or the start-up estimate", y: "s" },
+  ];
+
+  // --- auth -------------------------------------------------------------------------------------
+
+  function takeTokenFromFragment() {
+    const match = location.hash.match(/token=([^&]+)/);
+    if (match) {
+      sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(match[1]));
+      history.replaceState(null, "", location.pathname + location.search);
+    }
+  }
+
+  function headers() {
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    return token ? { Authorization: "Bearer " + token } : {};
+  }
+
+  class AuthError extends Error {}
+
+  async function getJson(path) {
+    const resp = await fetch(path, { headers: headers(), cache: "no-store" });
+    if (resp.status === 401 || resp.status === 403) {
+      let detail = resp.statusText;
+      try { detail = (await resp.json()).detail || detail; } catch (e) { /* not JSON */ }
+      throw new AuthError(detail);
+    }
+    if (!resp.ok) throw new Error(path + " answered " + resp.status);
+    return resp.json();
+  }
+
+  function askForToken(message) {
+    const form = document.getElementById("auth");
+    form.hidden = false;
+    document.getElementById("auth-message").textContent = message;
+  }
+
+  // --- reading tick records (as app/reports/diagnostics_html.py does) ----------------------------
+
+  function num(v) {
+    return typeof v === "number" && isFinite(v) ? v : null;
+  }
+
+  function ratio(a, b) {
+    const x = num(a), y = num(b);
+    return x !== null && y ? x / y : null;
+  }
+
+  function counts(v) {
+    const out = {};
+    if (v && typeof v === "object") for (const [k, n] of Object.entries(v)) if (num(n) !== null) out[k] = n;
+    return out;
+  }
+
+  function readTick(tick) {
+    const r = tick.record || {};
+    const traffic = (r.traffic && r.traffic.observed) || null;
+    const tp = r.throughput || null;
+    const tpObserved = (tp && tp.observed) || {};
+    const sla = r.sla || null;
+    const load = r.load || null;
+    const demand = (sla && sla.demand) || {};
+    const growth = Array.isArray(demand.growth) ? demand.growth : [];
+    const roles = (sla && sla.roles) || {};
+    const row = {
+      t: tick.at,
+      id: tick.id,
+      decision: tick.decision_id,
+      rate: traffic ? ratio(traffic.num_req, traffic.duration_s) : ratio(tpObserved.num_req, tpObserved.duration_s),
+      demand: num(demand.request_rate_s),
+      ttft: num(traffic ? traffic.ttft_ms : tpObserved.ttft_ms),
+      itl: num(traffic ? traffic.itl_ms : tpObserved.itl_ms),
+      ready: counts((sla && sla.ready) || (load && load.current)),
+      target: counts(r.target),
+      wish: {},
+      need: {},
+      headroomTokens: num(growth[0]),
+      headroomFlight: num(growth[1]),
+      headroomLearned: demand.growth_learned === true,
+      scale: counts(sla && sla.scale),
+      correction: num(sla && sla.capacity_check && sla.capacity_check.correction),
+      lead: num(sla && sla.lead_s),
+      leadMeasured: !!(sla && sla.lead_measured),
+      reason: (sla && sla.reason) || (load && load.reason) || (tp && tp.reason) || null,
+      sla: !!sla,
+    };
+    for (const [role, section] of Object.entries(roles)) {
+      if (num(section.wish) !== null) row.wish[role] = section.wish;
+      if (num(section.needed) !== null) row.need[role] = section.needed;
+    }
+    return row;
+  }
+
+  // --- one deployment ---------------------------------------------------------------------------
+
+  class DeploymentView {
+    constructor(info, since) {
+      this.name = info.name;
+      this.info = info;
+      this.since = since;
+      this.cursor = null;
+      this.ticks = [];
+      this.decisions = new Map();
+      this.section = document.createElement("section");
+      this.section.className = "deployment";
+      this.section.dataset.deployment = this.name;
+      const title = document.createElement("h2");
+      title.textContent = this.name;
+      this.facts = document.createElement("p");
+      this.facts.className = "facts";
+      const grid = document.createElement("div");
+      grid.className = "grid";
+      this.charts = {};
+      for (const spec of CHARTS) {
+        const div = document.createElement("div");
+        div.className = "chart";
+        div.id = this.name + "-" + spec.id;
+        div.dataset.chart = spec.id;
+        div.dataset.points = "0";
+        grid.appendChild(div);
+        this.charts[spec.id] = div;
+      }
+      this.table = document.createElement("table");
+      this.table.className = "decisions";
+      this.section.append(title, this.facts, grid, this.table);
+      document.getElementById("deployments").appendChild(this.section);
+    }
+
+    async poll(info) {
+      this.info = info;
+      const base = "diagnostics?deployment=" + encodeURIComponent(this.name) + "&limit=" + PAGE;
+      for (;;) {
+        const url = this.cursor !== null
+          ? base + "&cursor=" + this.cursor
+          : base + (this.since ? "&since=" + encodeURIComponent(this.since) : "");
+        const page = await getJson(url);
+        for (const tick of page.items) this.ticks.push(readTick(tick));
+        if (page.items.length) this.cursor = page.items[page.items.length - 1].id;
+        if (page.next_cursor === null || page.next_cursor === undefined) break;
+      }
+      if (this.ticks.length) {
+        const last = Date.parse(this.ticks[this.ticks.length - 1].t);
+        const keepFrom = last - WINDOW_S * 1000;
+        let drop = 0;
+        while (drop < this.ticks.length && Date.parse(this.ticks[drop].t) < keepFrom) drop++;
+        if (drop) this.ticks.splice(0, drop);
+      }
+      // The latest decisions, again: their status changes after they are made.
+      const seen = Math.max(0, ...this.decisions.keys());
+      const after = Math.max(0, seen - 20);
+      const page = await getJson(
+        "decisions?deployment=" + encodeURIComponent(this.name) + "&after=" + after + "&limit=" + PAGE
+      );
+      for (const d of page.items) this.decisions.set(d.id, d);
+      this.render();
+    }
+
+    render() {
+      const info = this.info;
+      const ticks = this.ticks;
+      const sla = info.sla || {};
+      const last = ticks.length ? ticks[ticks.length - 1] : null;
+      const roles = ROLES.filter((r) => ticks.some((t) => r in t.target || r in t.ready) || (info.roles && r in info.roles));
+      const facts = [
+        ["mode", info.mode],
+        ["connector", info.connector],
+        ["SLA", `TTFT ${sla.ttft_ms} ms, ITL ${sla.itl_ms} ms`],
+        ["ready", info.ready ? fmtCounts(info.ready) : "unknown"],
+        ["desired", info.desired ? fmtCounts(info.desired) : "none yet"],
+        ["paused", info.paused ? "yes" : "no"],
+        ["ticks shown", String(ticks.length)],
+        ["last tick", last ? `${last.t} (${last.reason || "no reason"})` : "none yet"],
+      ];
+      this.facts.innerHTML = "";
+      for (const [k, v] of facts) {
+        const b = document.createElement("b");
+        b.textContent = k + ": ";
+        this.facts.append(b, document.createTextNode(v + "   "));
+      }
+      const x = ticks.map((t) => t.t);
+      const x0 = x[0], x1 = x[x.length - 1];
+      const slaTicks = ticks.some((t) => t.sla);
+      const noSla = slaTicks ? "no data in the ticks yet" : "this deployment does not use SLA scaling";
+
+      this.draw("rate", [
+        line("observed", x, ticks.map((t) => t.rate)),
+        line("SLA demand (sized for)", x, ticks.map((t) => t.demand), { dash: "dash" }),
+      ], "no traffic observed yet");
+
+      const replicaTraces = [];
+      for (const role of roles) {
+        replicaTraces.push(line(role + " ready", x, ticks.map((t) => t.ready[role] ?? null), { colour: COLOURS[role], shape: "hv" }));
+        replicaTraces.push(line(role + " target", x, ticks.map((t) => t.target[role] ?? null), { colour: COLOURS[role], dash: "dot", shape: "hv" }));
+        const decided = ticks.filter((t) => t.decision !== null && t.decision !== undefined && role in t.target);
+        replicaTraces.push({
+          type: "scatter", mode: "markers", name: role + " decision",
+          x: decided.map((t) => t.t), y: decided.map((t) => t.target[role]),
+          marker: { color: COLOURS[role], symbol: "diamond", size: 8 },
+          text: decided.map((t) => decisionText(this.decisions.get(t.decision), t.decision)),
+          hovertemplate: "%{text}<extra></extra>",
+        });
+      }
+      this.draw("replicas", replicaTraces, "no replica counts in the ticks yet");
+
+      this.draw("ttft", [
+        line("observed TTFT", x, ticks.map((t) => t.ttft)),
+        target("TTFT target " + sla.ttft_ms + " ms", x0, x1, sla.ttft_ms),
+      ], "no request completed its first token yet");
+      this.draw("itl", [
+        line("observed ITL", x, ticks.map((t) => t.itl)),
+        target("ITL target " + sla.itl_ms + " ms", x0, x1, sla.itl_ms),
+      ], "no request finished decoding yet");
+
+      const wishTraces = [];
+      for (const role of roles) {
+        wishTraces.push(line(role + " wish", x, ticks.map((t) => t.wish[role] ?? null), { colour: COLOURS[role], shape: "hv" }));
+        wishTraces.push(line(role + " need", x, ticks.map((t) => t.need[role] ?? null), { colour: COLOURS[role], dash: "dot", shape: "hv" }));
+      }
+      this.draw("wishes", wishTraces, noSla);
+      this.draw("headroom", [
+        line("prompt tokens", x, ticks.map((t) => t.headroomTokens)),
+        line("decode in flight", x, ticks.map((t) => t.headroomFlight)),
+        line("learned (1) or cold start (0)", x, ticks.map((t) => (t.sla && t.headroomTokens !== null ? (t.headroomLearned ? 1 : 0) : null)), { dash: "dot", shape: "hv", data: false }),
+      ], slaTicks ? "no forecast yet (no traffic in the level window)" : noSla);
+      this.draw("scale", [
+        line("prefill scale", x, ticks.map((t) => t.scale.prefill ?? null), { colour: COLOURS.prefill }),
+        line("decode scale", x, ticks.map((t) => t.scale.decode ?? null), { colour: COLOURS.decode }),
+        line("prefill capacity correction", x, ticks.map((t) => t.correction), { dash: "dash" }),
+      ], noSla);
+      this.draw("lead", [
+        line("lead", x, ticks.map((t) => t.lead), { shape: "hv" }),
+        {
+          type: "scatter", mode: "markers", name: "measured",
+          x: ticks.filter((t) => t.leadMeasured && t.lead !== null).map((t) => t.t),
+          y: ticks.filter((t) => t.leadMeasured && t.lead !== null).map((t) => t.lead),
+          marker: { size: 4, color: "#2ca02c" },
+        },
+      ], noSla);
+      this.renderDecisions();
+    }
+
+    draw(id, traces, why) {
+      const div = this.charts[id];
+      const spec = CHARTS.find((c) => c.id === id);
+      const points = traces.filter((t) => t.meta !== "reference" && t.meta !== "flag")
+        .reduce((n, t) => n + (t.y || []).filter((v) => num(v) !== null).length, 0);
+      div.dataset.points = String(points);
+      const layout = {
+        title: { text: spec.title, font: { size: 13 }, x: 0.01, xanchor: "left" },
+        margin: { l: 55, r: 10, t: 32, b: 32 },
+        xaxis: { type: "date" },
+        yaxis: { title: { text: spec.y }, type: spec.log ? "log" : "linear", rangemode: spec.log ? undefined : "tozero" },
+        legend: { orientation: "h", y: -0.18, font: { size: 10 } },
+        showlegend: true,
+        template: "plotly_white",
+        annotations: points ? [] : [{
+          text: "no data: " + why, xref: "paper", yref: "paper", x: 0.5, y: 0.5,
+          showarrow: false, font: { size: 13, color: "#777" },
+        }],
+        uirevision: id, // zoom and hidden traces survive the refresh
+      };
+      div.dataset.empty = points ? "" : why;
+      Plotly.react(div, traces, layout, { displaylogo: false, responsive: true });
+    }
+
+    renderDecisions() {
+      const rows = [...this.decisions.values()].sort((a, b) => b.id - a.id).slice(0, 10);
+      this.table.innerHTML = "";
+      const head = this.table.insertRow();
+      for (const h of ["decision", "created", "source", "replicas", "status", "reasons"]) {
+        const th = document.createElement("th");
+        th.textContent = h;
+        head.appendChild(th);
+      }
+      if (!rows.length) {
+        const cell = this.table.insertRow().insertCell();
+        cell.colSpan = 6;
+        cell.className = "empty";
+        cell.textContent = "no decision yet";
+        return;
+      }
+      for (const d of rows) {
+        const tr = this.table.insertRow();
+        tr.dataset.decision = d.id;
+        const cells = [
+          "#" + d.id, d.created_at.replace("T", " ").replace(/(\.\d+)?Z$/, ""), d.source, fmtCounts(replicasOf(d)),
+          d.status + (d.status_reason ? " (" + d.status_reason + ")" : ""), (d.reasons || []).join("; "),
+        ];
+        cells.forEach((text, i) => {
+          const td = tr.insertCell();
+          td.textContent = text;
+          if (i === 5) td.className = "reasons";
+        });
+      }
+    }
+  }
+
+  function replicasOf(d) {
+    const out = {};
+    for (const role of ROLES) if (d["num_" + role] !== null && d["num_" + role] !== undefined) out[role] = d["num_" + role];
+    return out;
+  }
+
+  function fmtCounts(c) {
+    return Object.entries(c).map(([k, v]) => k + " " + v).join(", ") || "–";
+  }
+
+  function decisionText(d, id) {
+    if (!d) return "decision #" + id;
+    const reasons = (d.reasons || []).slice(0, 2).join("<br>");
+    return `decision #${d.id} (${d.source}, ${d.status}): ${escapeHtml(fmtCounts(replicasOf(d)))}<br>${escapeHtml(reasons)}`;
+  }
+
+  function escapeHtml(s) {
+    return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+  }
+
+  function line(name, x, y, opts = {}) {
+    return {
+      type: "scatter", mode: "lines", name, x, y, connectgaps: false,
+      line: { color: opts.colour, dash: opts.dash || "solid", shape: opts.shape || "linear", width: opts.width || 1.6 },
+      meta: opts.data === false ? "flag" : undefined,
+    };
+  }
+
+  function target(name, x0, x1, value) {
+    return {
+      type: "scatter", mode: "lines", name, x: x0 ? [x0, x1] : [], y: x0 ? [value, value] : [],
+      line: { color: "black", dash: "dash", width: 1 }, meta: "reference",
+    };
+  }
+
+  // --- the page -------------------------------------------------------------------------------------
+
+  const views = new Map();
+  let clockShown = false;
+  let since = null; // the first ticks loaded: window_s before the planner's time at page load
+
+  async function refresh() {
+    const status = document.getElementById("status");
+    try {
+      if (!clockShown) {
+        const clock = await getJson("dashboard/clock");
+        const info = clock.clock || {};
+        document.getElementById("clock").textContent =
+          info.kind === "wall" ? "times: UTC wall clock" : "times: " + (info.detail || info.kind);
+        clockShown = true;
+        since = new Date(Date.parse(clock.now) - WINDOW_S * 1000).toISOString();
+      }
+      const deployments = await getJson("deployments");
+      for (const info of deployments) {
+        if (!views.has(info.name)) views.set(info.name, new DeploymentView(info, since));
+        await views.get(info.name).poll(info);
+      }
+      const ticks = [...views.values()].reduce((n, v) => n + v.ticks.length, 0);
+      status.className = "status";
+      status.textContent = `${views.size} deployment(s), ${ticks} ticks; updated ${new Date().toLocaleTimeString()}, every ${REFRESH_MS / 1000} s`;
+      document.getElementById("auth").hidden = !sessionStorage.getItem(TOKEN_KEY);
+      document.body.dataset.state = "ready";
+      document.body.dataset.ticks = String(ticks);
+    } catch (err) {
+      status.className = "status error";
+      if (err instanceof AuthError) {
+        status.textContent = "the API needs a viewer token: " + err.message;
+        askForToken("");
+        document.body.dataset.state = "auth";
+      } else {
+        status.textContent = "could not update: " + err.message + " (trying again)";
+        document.body.dataset.state = document.body.dataset.state === "ready" ? "ready" : "error";
+      }
+    } finally {
+      setTimeout(refresh, REFRESH_MS);
+    }
+  }
+
+  document.getElementById("auth").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const token = document.getElementById("token").value.trim();
+    if (token) sessionStorage.setItem(TOKEN_KEY, token);
+    else sessionStorage.removeItem(TOKEN_KEY);
+    document.getElementById("auth-message").textContent = token ? "saved for this tab" : "cleared";
+    clockShown = false;
+  });
+
+  takeTokenFromFragment();
+  refresh();
+})();
