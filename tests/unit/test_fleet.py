@@ -273,3 +273,153 @@ def test_the_step_is_pure() -> None:
     again = fleet_step(members, settings(8), previous, 5.0)
     assert first == again
     assert previous.grants == {"hi": {"decode": 2}, "lo": {"decode": 6}}
+
+
+# --- the `fleet:` section of the deployments file ------------------------------------------------
+
+FLEET_FILE = """
+deployments:
+  - {name: chat, connector: {type: none}, sla: {ttft_ms: 1000, itl_ms: 30}}
+  - {name: batch, connector: {type: none}, sla: {ttft_ms: 1000, itl_ms: 30}}
+fleet:
+  budget_gpus: {h200: 8}
+  deployments:
+    chat: {priority: 2, guaranteed_gpus: 4}
+    batch: {guaranteed_gpus: 2, max_gpus: 6}
+"""
+
+
+def fleet_file(**changes) -> dict:
+    import yaml
+
+    raw = yaml.safe_load(FLEET_FILE)
+    for path, value in changes.items():
+        node = raw
+        *parents, last = path.split("__")
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    return raw
+
+
+def test_a_fleet_section_is_read_with_its_defaults() -> None:
+    from app.config import validate_deployments
+
+    fleet = validate_deployments(fleet_file(), "f.yaml").fleet
+    assert fleet is not None
+    assert (fleet.interval_s, fleet.margin, fleet.hold_s) == (5.0, 0.2, 120.0)
+    chat, batch = fleet.member("chat"), fleet.member("batch")
+    assert (chat.priority, chat.gpu_type, chat.guaranteed_gpus, chat.max_gpus) == (2, "h200", 4, None)
+    assert (batch.priority, batch.gpu_type, batch.guaranteed_gpus, batch.max_gpus) == (0, "h200", 2, 6)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"fleet__deployments__batch__guaranteed_gpus": 5},
+            "fleet.budget_gpus.h200: 8 GPUs, but the guarantees add up to 9",
+        ),
+        (
+            {"fleet__deployments__batch__max_gpus": 1},
+            "fleet.deployments.batch: Value error, guaranteed_gpus (2) is above max_gpus (1)",
+        ),
+        ({"fleet__deployments__nope": {"priority": 1}}, "fleet.deployments.nope: no deployment named 'nope'"),
+        (
+            {"fleet__deployments__chat__gpu_type": "a100"},
+            "fleet.deployments.chat.gpu_type: 'a100' has no budget (have: h200)",
+        ),
+        (
+            {"fleet__budget_gpus": {"h200": 0}},
+            "fleet.budget_gpus.h200: Input should be greater than or equal to 1",
+        ),
+        ({"fleet__hold_s": -1}, "fleet.hold_s: Input should be greater than or equal to 0"),
+        (
+            {"fleet__deployments__chat__priorty": 1},
+            "fleet.deployments.chat.priorty: Extra inputs are not permitted",
+        ),
+    ],
+)
+def test_a_bad_fleet_section_names_the_field(changes: dict, message: str) -> None:
+    from app.config import ConfigError, validate_deployments
+
+    with pytest.raises(ConfigError) as err:
+        validate_deployments(fleet_file(**changes), "f.yaml")
+    assert message in str(err.value)
+
+
+def test_the_example_fleet_shares_less_than_the_peaks() -> None:
+    from app.config import REPO_ROOT
+    from app.sim.fleet import load_fleet_config
+
+    config = load_fleet_config(REPO_ROOT / "examples" / "fleet.yaml")
+    assert [d.name for d in config.deployments] == ["chat", "code", "batch"]
+    assert config.fleet.budget_gpus == {"h200": 24}
+    assert {n: config.fleet.member(n).priority for n in ("chat", "code", "batch")} == {
+        "chat": 3,
+        "code": 2,
+        "batch": 1,
+    }
+    assert {n: t.workload for n, t in config.traces.items()} == {
+        "chat": "flash-crowd",
+        "code": "bursty-gaps",
+        "batch": "diurnal",
+    }
+
+
+# --- the fleet replay, end to end on two tiny traces ---------------------------------------------
+
+
+def test_planner_replay_runs_a_fleet_file_within_its_budget(tmp_path, capsys) -> None:
+    import csv
+    import json
+
+    from app.cli import main as planner_main
+    from app.config import REPO_ROOT
+
+    profile = REPO_ROOT / "data" / "profiles" / "h200-llama3.1-8b-fp8"
+
+    def deployment(name: str) -> str:
+        return (
+            f"{{name: {name}, connector: {{type: virtual}}, sla: {{ttft_ms: 1000, itl_ms: 30}}, "
+            f"profile: {profile}, scaling: {{algorithm: sla}}}}"
+        )
+
+    (tmp_path / "fleet.yaml").write_text(
+        "deployments:\n"
+        f"  - {deployment('chat')}\n"
+        f"  - {deployment('batch')}\n"
+        "fleet:\n"
+        "  budget_gpus: {h200: 3}\n"
+        "  deployments: {chat: {priority: 1, guaranteed_gpus: 2}}\n"
+        "simulation:\n"
+        "  startup_delay_s: 30\n"
+        "  traces:\n"
+        "    chat: {workload: flash-crowd, rate_scale: 0.05, duration_s: 90}\n"
+        "    batch: {workload: diurnal, rate_scale: 0.05, duration_s: 90}\n"
+    )
+    out = tmp_path / "out"
+    code = planner_main(["replay", "--config", str(tmp_path / "fleet.yaml"), "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["policy"] == "fleet"
+    assert set(summary["deployments"]) == {"chat", "batch"}
+    for d in summary["deployments"].values():
+        assert d["requests"] > 0 and 0.0 <= d["slo_attainment"] <= 1.0 and d["gpu_hours"] > 0
+        assert isinstance(d["grant_changes"], int)
+    # Replaying the grant changes: at no tick do the grants add up to more than the 3 GPUs.
+    grants: dict[tuple[str, str], int] = {}
+    with (out / "grants.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    # The first grants (4 engines asked for at the start, 3 GPUs) are logged at the first tick.
+    assert {(r["deployment"], r["role"]) for r in rows if float(r["at_s"]) == 5.0} == {
+        ("chat", "prefill"),
+        ("chat", "decode"),
+        ("batch", "prefill"),
+        ("batch", "decode"),
+    }
+    for at_s in sorted({float(r["at_s"]) for r in rows}):
+        for r in rows:
+            if float(r["at_s"]) == at_s:
+                grants[(r["deployment"], r["role"])] = int(r["grant"])
+        assert sum(grants.values()) <= 3, at_s
