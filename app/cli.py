@@ -197,8 +197,16 @@ def cmd_plan(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
+    from app.sim.fleet import is_fleet_file, run_fleet_command
     from app.sim.replay import run_command
 
+    if args.config and is_fleet_file(args.config):
+        # A fleet file names one trace per deployment itself (docs/fleet.md).
+        if args.trace is not None or args.workload is not None:
+            raise ConfigError("--trace/--workload: a fleet file gives each deployment its trace")
+        return run_fleet_command(args)
+    if args.trace is None and args.workload is None:
+        raise ConfigError("one of the arguments --trace --workload is required")
     if args.workload is not None:
         args.trace = str(_write_workload(args.workload, Path(args.out)))
     return run_command(args)
@@ -238,7 +246,8 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     positive = _number(minimum=0, inclusive=False)
     non_negative = _number(minimum=0, inclusive=True)
     gpus = _number(minimum=1, inclusive=True, integer=True)
-    source = replay.add_mutually_exclusive_group(required=True)
+    # Not required by argparse: a fleet file (--config with a `fleet:` section) names its traces.
+    source = replay.add_mutually_exclusive_group()
     source.add_argument("--trace", help="request trace file")
     source.add_argument(
         "--workload",
@@ -274,6 +283,13 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     replay.add_argument("--rate-scale", type=positive, help="K requests per trace request, arrivals +-0.5 s")
     replay.add_argument("--modes", type=_modes, help=MODES_HELP)
     replay.add_argument("--seed", type=_number(minimum=0, inclusive=True, integer=True), help="default: 0")
+    replay.add_argument(
+        "--fleet-policy",
+        choices=("fleet", "equal", "fcfs"),
+        default="fleet",
+        help="a fleet file only: fleet (the fleet step), equal (static equal shares) or fcfs "
+        "(independent planners clipped first come first served); default: fleet",
+    )
     replay.set_defaults(func=cmd_replay)
 
 

@@ -278,8 +278,51 @@ class DeploymentConfig(Strict):
         return min(intervals) if intervals else self.throughput.interval_s
 
 
+class FleetMemberConfig(Strict):
+    """One deployment's place in the fleet (app/core/fleet.py, docs/fleet.md)."""
+
+    priority: int = Field(default=0, description="higher is served first, and takes from lower at once")
+    gpu_type: str | None = Field(default=None, description="which budget it draws on (default: the only one)")
+    guaranteed_gpus: int = Field(default=0, ge=0, description="GPUs it gets whenever it wishes them")
+    max_gpus: int | None = Field(
+        default=None, ge=1, description="GPUs it may hold at most (default: the budget)"
+    )
+
+    @model_validator(mode="after")
+    def _guarantee_within_max(self) -> FleetMemberConfig:
+        if self.max_gpus is not None and self.guaranteed_gpus > self.max_gpus:
+            raise ValueError(f"guaranteed_gpus ({self.guaranteed_gpus}) is above max_gpus ({self.max_gpus})")
+        return self
+
+
+class FleetConfig(Strict):
+    """Several deployments under one GPU budget per GPU type: the fleet step between their planners
+    and the cluster. Deployments not listed under `deployments` have priority 0 and no guarantee."""
+
+    budget_gpus: dict[str, Annotated[int, Field(ge=1)]] = Field(
+        min_length=1, description="total GPUs per GPU type, e.g. {h200: 24}"
+    )
+    interval_s: float = Field(default=5.0, gt=0, description="how often the fleet step grants (s)")
+    margin: float = Field(
+        default=0.2, ge=0, description="a move between equal priorities must gain 1 + margin times its cost"
+    )
+    hold_s: float = Field(
+        default=120.0, ge=0, description="... and both grants must have been unchanged this long (s)"
+    )
+    deployments: dict[str, FleetMemberConfig] = Field(
+        default_factory=dict, description="per deployment: priority, gpu_type, guaranteed_gpus, max_gpus"
+    )
+
+    def member(self, name: str) -> FleetMemberConfig:
+        found = self.deployments.get(name, FleetMemberConfig())
+        if found.gpu_type is None:
+            found = found.model_copy(update={"gpu_type": next(iter(self.budget_gpus))})
+        return found
+
+
 class DeploymentsFile(Strict):
     deployments: list[DeploymentConfig] = Field(min_length=1)
+    fleet: FleetConfig | None = Field(default=None, description="a shared GPU budget (docs/fleet.md)")
 
     @field_validator("deployments")
     @classmethod
@@ -290,6 +333,36 @@ class DeploymentsFile(Strict):
                 raise ValueError(f"deployment name {d.name!r} appears twice")
             seen.add(d.name)
         return deployments
+
+    @model_validator(mode="after")
+    def _fleet_matches_the_deployments(self) -> DeploymentsFile:
+        fleet = self.fleet
+        if fleet is None:
+            return self
+        names = {d.name for d in self.deployments}
+        for name, entry in fleet.deployments.items():
+            where = f"fleet.deployments.{name}"
+            if name not in names:
+                raise ValueError(f"{where}: no deployment named {name!r} (have: {', '.join(sorted(names))})")
+            if entry.gpu_type is None and len(fleet.budget_gpus) > 1:
+                raise ValueError(f"{where}.gpu_type: required with several GPU types in fleet.budget_gpus")
+            if entry.gpu_type is not None and entry.gpu_type not in fleet.budget_gpus:
+                types = ", ".join(fleet.budget_gpus)
+                raise ValueError(f"{where}.gpu_type: {entry.gpu_type!r} has no budget (have: {types})")
+        if len(fleet.budget_gpus) > 1:
+            missing = sorted(names - set(fleet.deployments))
+            if missing:
+                raise ValueError(f"fleet.deployments.{missing[0]}: gpu_type required with several GPU types")
+        for gpu_type, budget in fleet.budget_gpus.items():
+            # Guarantees are promises: all of them at once must fit the budget.
+            guaranteed = sum(
+                fleet.member(n).guaranteed_gpus for n in names if fleet.member(n).gpu_type == gpu_type
+            )
+            if guaranteed > budget:
+                raise ValueError(
+                    f"fleet.budget_gpus.{gpu_type}: {budget} GPUs, but the guarantees add up to {guaranteed}"
+                )
+        return self
 
     def get(self, name: str) -> DeploymentConfig | None:
         return next((d for d in self.deployments if d.name == name), None)

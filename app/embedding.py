@@ -27,7 +27,15 @@ from app.core.perf.interpolation import PerfModel
 from app.core.planner import Planner
 from app.core.planner import TickInput as CoreTickInput
 from app.core.protocol import Verdict, judge
-from app.core.types import DecisionStatus, DecisionView, EngineKey, Replicas, Role, TrafficObservation
+from app.core.types import (
+    ActiveOverrides,
+    DecisionStatus,
+    DecisionView,
+    EngineKey,
+    Replicas,
+    Role,
+    TrafficObservation,
+)
 from app.planner_setup import build_planner
 
 # The diagnostics' ISO time `at` reads embedder seconds from this origin (the core speaks seconds).
@@ -53,6 +61,9 @@ class TickInput:
     # records them for: the planner learns from all of them and reads the engines' busy time.
     # Roles left out learn from the latest records only.
     fpm_records: Mapping[str, Sequence[ForwardPassMetrics]] = field(default_factory=dict)
+    # The overrides in force, as an operator would set them; a fleet passes each deployment's
+    # grant as bounds ({"decode": {"max": 4}}), so that the planner's decision is what may run.
+    overrides: ActiveOverrides = field(default_factory=ActiveOverrides)
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,7 @@ class EmbeddedPlanner:
         effects = self.planner.on_tick(
             CoreTickInput(
                 now_s=inp.now_s,
+                overrides=inp.overrides,
                 latest_decision=self._latest,
                 traffic=traffic,
                 traffic_error=None if traffic is not None else "no traffic window given",
