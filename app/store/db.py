@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from alembic import command
@@ -20,6 +21,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 MIGRATIONS_DIR = REPO_ROOT / "migrations"
 # Any constant works; it only has to be the same in every planner process.
 _MIGRATION_LOCK_KEY = 0x706C616E  # "plan"
+# Another process migrating takes seconds; one holding the lock this long is stuck, and start-up
+# says so instead of waiting for ever.
+MIGRATION_LOCK_WAIT_S = 60.0
 
 
 def is_postgres(engine: Engine) -> bool:
@@ -62,11 +66,34 @@ def _sqlite_file_lock(url: str) -> Iterator[None]:
         return
     lock_path = Path(database).with_name(Path(database).name + ".migrate.lock")
     with open(lock_path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+
+        def try_lock() -> bool:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+
+        _wait_for_lock(try_lock, f"the migration lock {lock_path}")
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _wait_for_lock(try_lock: Callable[[], bool], what: str, wait_s: float | None = None) -> None:
+    """Take a lock another planner may hold while it migrates: at once, or after a wait that is
+    logged and bounded (TimeoutError)."""
+    wait_s = MIGRATION_LOCK_WAIT_S if wait_s is None else wait_s
+    if try_lock():
+        return
+    log.warning("another process holds %s; waiting up to %g s", what, wait_s)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        if try_lock():
+            return
+    raise TimeoutError(f"another process has held {what} for more than {wait_s:g} s")
 
 
 def upgrade(url: str, revision: str = "head") -> None:
@@ -78,7 +105,14 @@ def upgrade(url: str, revision: str = "head") -> None:
     try:
         if is_postgres(engine):
             with engine.begin() as conn:
-                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})
+                _wait_for_lock(
+                    lambda: bool(
+                        conn.execute(
+                            text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK_KEY}
+                        ).scalar()
+                    ),
+                    "the migration lock (a PostgreSQL advisory lock)",
+                )
                 cfg.attributes["connection"] = conn
                 command.upgrade(cfg, revision)
         else:
