@@ -7,22 +7,20 @@ file or the URL, and exit status 2, never a traceback.
 
 from __future__ import annotations
 
+import argparse
+import json
+import logging
+import os
+import sys
 import time
+from pathlib import Path
 
-# The command's own clock starts before its imports: `planner replay` reports the wall time of
-# the whole command, the seconds spent importing libraries included (from the process's start
-# where /proc says when that was, `_process_started_s`).
-COMMAND_STARTED_S = time.perf_counter()
+from app.config import REPO_ROOT, ConfigError, Settings, load_deployments, load_settings
+from app.logs import configure_logging, escape_controls
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from app.config import REPO_ROOT, ConfigError, Settings, load_deployments, load_settings  # noqa: E402
-from app.logs import configure_logging, escape_controls  # noqa: E402
+# Where /proc does not say when the process started (`_process_started_s`), the command's
+# wall time counts from here.
+MODULE_LOADED_S = time.perf_counter()
 
 OPENAPI_PATH = REPO_ROOT / "openapi" / "openapi.json"
 
@@ -254,7 +252,7 @@ def cmd_plan(settings: Settings, args: argparse.Namespace) -> int:
 
 def _process_started_s() -> float:
     """When this process started, on the `time.perf_counter` clock: from /proc on Linux, so that
-    the interpreter's own start-up counts too; elsewhere when this module began loading."""
+    the interpreter's start-up and the imports count too; elsewhere when this module loaded."""
     try:
         # Field 22 of /proc/self/stat, after the parenthesised command name: the start time in
         # clock ticks since boot; /proc/uptime is the time since boot now, on the same clock.
@@ -262,10 +260,10 @@ def _process_started_s() -> float:
         uptime_s = float(Path("/proc/uptime").read_text().split()[0])
         age_s = uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
-        return COMMAND_STARTED_S
+        return MODULE_LOADED_S
     now = time.perf_counter()
-    # The module's own mark is a lower bound of the age; anything odd falls back to it.
-    return min(COMMAND_STARTED_S, now - age_s) if 0 <= age_s < 86_400 else COMMAND_STARTED_S
+    # The module's own mark bounds the age from below; anything odd falls back to it.
+    return min(MODULE_LOADED_S, now - age_s) if 0 <= age_s < 86_400 else MODULE_LOADED_S
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:

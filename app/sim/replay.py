@@ -185,8 +185,12 @@ def run_policy(
         if not cluster.done:
             cluster.run_until(horizon)
         if progress is not None:
+            # The last step ends where the last request finished, not at the step's horizon.
+            reached_s = max(r.finish_s for r in cluster.requests) if cluster.done else horizon  # type: ignore[type-var]
             progress(
-                ReplayProgress(horizon, expected_s, len(decisions), cluster.completed, len(cluster.requests))
+                ReplayProgress(
+                    reached_s, expected_s, len(decisions), cluster.completed, len(cluster.requests)
+                )
             )
     end_s = max(r.finish_s for r in cluster.requests)  # type: ignore[type-var]
     return ReplayResult(

@@ -129,6 +129,14 @@ FAIL_CASES = [
         "serve_bad_port", "the variable is named", ("serve",), {"PLANNER_PORT": "70000"}, "PLANNER_PORT: ", 2
     ),
     FailCase(
+        "serve_bad_log_format",
+        "the log formats are text and json",
+        ("serve",),
+        {"PLANNER_LOG_FORMAT": "xml"},
+        "PLANNER_LOG_FORMAT: Input should be 'text' or 'json'",
+        2,
+    ),
+    FailCase(
         "db_upgrade_unknown_scheme",
         "an unsupported database URL is a settings error",
         ("db", "upgrade"),

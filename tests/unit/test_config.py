@@ -238,6 +238,31 @@ def test_only_the_first_of_several_errors_is_detailed(tmp_path: Path) -> None:
     )
 
 
+def test_an_unknown_key_is_named_not_the_key_it_hides(tmp_path: Path) -> None:
+    """`ttft:` for `ttft_ms:` was reported as "ttft_ms: Field required", the typo unmentioned.
+    Now the unknown key comes first, with the key it probably meant; the missing key it explains
+    is not counted as a second problem, but an unrelated one is."""
+
+    def typo(config: dict[str, Any]) -> None:
+        config["deployments"][0]["sla"] = {"ttft": 500, "itl_ms": 50}
+
+    path = tmp_path / "typo.yaml"
+    path.write_text(_mutated(typo))
+    with pytest.raises(ConfigError) as info:
+        load_deployments(path)
+    assert str(info.value) == f"{path}: deployments[0].sla: unknown key 'ttft' (did you mean 'ttft_ms'?)"
+
+    def typo_and_more(config: dict[str, Any]) -> None:
+        config["deployments"][0]["sla"] = {"ttft": 500, "itl_ms": -1}
+
+    path.write_text(_mutated(typo_and_more))
+    with pytest.raises(ConfigError) as info:
+        load_deployments(path)
+    assert str(info.value) == (
+        f"{path}: deployments[0].sla: unknown key 'ttft' (did you mean 'ttft_ms'?) (and 1 more)"
+    )
+
+
 # --- settings -------------------------------------------------------------------------------------
 
 
