@@ -1,7 +1,8 @@
-"""The `planner` command line: serve, db upgrade, openapi.
+"""The `planner` command line: serve, db upgrade, openapi, plan, replay, demo.
 
-A bad setting or deployments file ends the command with one line naming the field and a
-non-zero exit status, never a traceback.
+A bad setting, deployments file or flag, and any start-up failure of `serve` and `db upgrade` (the
+database, the port), ends the command with one line `planner: error: ...` naming the field, the
+file or the URL, and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -9,61 +10,92 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import time
 from pathlib import Path
 
 from app.config import REPO_ROOT, ConfigError, Settings, load_deployments, load_settings
+from app.logs import configure_logging, escape_controls
+
+# Where /proc does not say when the process started (`_process_started_s`), the command's
+# wall time counts from here.
+MODULE_LOADED_S = time.perf_counter()
 
 OPENAPI_PATH = REPO_ROOT / "openapi" / "openapi.json"
 
 log = logging.getLogger("planner")
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # Alembic announces every plugin it loads at INFO; only the migration steps are news.
-    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
-
-
 def _fail(message: str, code: int = 2) -> int:
-    print(f"planner: error: {message}", file=sys.stderr)
+    # The message may quote a file's content or a URL: it stays one line, escapes visible.
+    print(f"planner: error: {escape_controls(message)}", file=sys.stderr)
     return code
 
 
-def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
-    import uvicorn
+def _start_up_failure(settings: Settings, exc: Exception) -> str:
+    """One line for whatever stopped `serve` or `db upgrade` from starting."""
+    from app.store.startup import describe_database_error
 
-    from app.main import create_app
+    described = describe_database_error(exc, settings.database_url)
+    if described is not None:
+        return described
+    if isinstance(exc, ConfigError):
+        return str(exc)
+    if isinstance(exc, OSError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"start-up failed: {exc.strerror or exc}{where}"
+    return f"start-up failed: {type(exc).__name__}: {exc} (PLANNER_LOG_LEVEL=DEBUG shows where)"
+
+
+def _prepare_database(settings: Settings, revision: str | None) -> None:
+    """Check the database in seconds, then migrate it (`revision`; None: do not migrate)."""
     from app.store.db import upgrade
+    from app.store.startup import check_database
+
+    check_database(settings.database_url, migrate=revision is not None)
+    if revision is not None:
+        upgrade(settings.database_url, revision)
+
+
+def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
+    from app.main import create_app
+    from app.serving import StartupError, listen, serve
 
     deployments = load_deployments(settings.config)
     settings.check_auth_exposure()
-    # Profiles and warm-up traces load here: a broken file stops start-up before the database is touched.
-    app = create_app(settings, deployments=deployments)
-    if settings.apply_migrations:
-        upgrade(settings.database_url)
-    log.info("listening on http://%s:%d", settings.host, settings.port)
-    uvicorn.run(
+    try:
+        # Profiles and warm-up traces load here: a broken file stops start-up before the
+        # database is touched.
+        app = create_app(settings, deployments=deployments)
+        _prepare_database(settings, "head" if settings.apply_migrations else None)
+        sock = listen(settings.host, settings.port)
+    except (ConfigError, StartupError):
+        raise
+    except Exception as exc:
+        log.debug("start-up failed", exc_info=True)
+        raise StartupError(_start_up_failure(settings, exc)) from None
+    host, port = sock.getsockname()[:2]
+    log.info("listening on http://%s:%d", host if ":" not in host else f"[{host}]", port)
+    serve(
         app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level.lower(),
-        access_log=False,
-        # Held long-polls (up to 300 s) must not keep a stopping planner alive; orchestrators
-        # poll again and another process (or this one, restarted) answers.
-        timeout_graceful_shutdown=5,
+        sock,
+        log_level=settings.log_level,
+        describe=lambda exc: _start_up_failure(settings, exc),
     )
     return 0
 
 
 def cmd_db_upgrade(settings: Settings, args: argparse.Namespace) -> int:
-    from app.store.db import upgrade
+    from app.serving import StartupError
 
-    upgrade(settings.database_url, args.revision)
+    try:
+        _prepare_database(settings, args.revision)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        log.debug("upgrade failed", exc_info=True)
+        raise StartupError(_start_up_failure(settings, exc)) from None
     print(f"database at {args.revision}: {_redacted(settings.database_url)}")
     return 0
 
@@ -106,11 +138,28 @@ def cmd_openapi(settings: Settings, args: argparse.Namespace) -> int:
 DEFAULT_PROFILE = REPO_ROOT / "data" / "profiles" / "h200-llama3.1-8b-fp8"
 
 
-def _number(*, minimum: float, inclusive: bool, integer: bool = False):  # type: ignore[no-untyped-def]
-    """An argparse type: a finite number above (or at) `minimum`, with a message naming the rule."""
+# Sane upper bounds of the flags: far beyond any real deployment, and low enough that the
+# arithmetic downstream (replica counts, trace expansion) stays finite and fits in memory.
+MAX_RPS = 1e6  # requests/s
+MAX_TOKENS = 1e7  # tokens of one request (ISL, OSL)
+MAX_LATENCY_MS = 3.6e6  # an hour: a TTFT or ITL target beyond it is a unit mistake
+MAX_GPUS_PER_ENGINE = 1024
+MAX_REPLICAS = 100_000
+MAX_RATE_SCALE = 1000.0  # K requests per trace request: the expanded trace is held in memory
+MAX_SCALE = 1000.0  # --truth-scale, --speed
+MAX_DELAY_S = 86_400.0  # a day
+
+
+def _number(  # type: ignore[no-untyped-def]
+    *, minimum: float, inclusive: bool, integer: bool = False, maximum: float | None = None
+):
+    """An argparse type: a finite number above (or at) `minimum` and at most `maximum`, with a
+    message naming the rule."""
     import math
 
     rule = f"{'>=' if inclusive else '>'} {minimum:g}"
+    if maximum is not None:
+        rule += f" and <= {maximum:g}"
     kind = "an integer" if integer else "a number"
 
     def parse(text: str) -> float | int:
@@ -118,7 +167,12 @@ def _number(*, minimum: float, inclusive: bool, integer: bool = False):  # type:
             value: float | int = int(text) if integer else float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be {kind} {rule}, got {text!r}") from None
-        if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+        if (
+            not math.isfinite(value)
+            or value < minimum
+            or (value == minimum and not inclusive)
+            or (maximum is not None and value > maximum)
+        ):
             raise argparse.ArgumentTypeError(f"must be {kind} {rule}, got {text!r}")
         return value
 
@@ -196,20 +250,39 @@ def cmd_plan(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _process_started_s() -> float:
+    """When this process started, on the `time.perf_counter` clock: from /proc on Linux, so that
+    the interpreter's start-up and the imports count too; elsewhere when this module loaded."""
+    try:
+        # Field 22 of /proc/self/stat, after the parenthesised command name: the start time in
+        # clock ticks since boot; /proc/uptime is the time since boot now, on the same clock.
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+        age_s = uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return MODULE_LOADED_S
+    now = time.perf_counter()
+    # The module's own mark bounds the age from below; anything odd falls back to it.
+    return min(MODULE_LOADED_S, now - age_s) if 0 <= age_s < 86_400 else MODULE_LOADED_S
+
+
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     from app.sim.fleet import is_fleet_file, run_fleet_command
-    from app.sim.replay import run_command
+    from app.sim.replay import check_output_folder, run_command
 
     if args.config and is_fleet_file(args.config):
         # A fleet file names one trace per deployment itself (docs/fleet.md).
         if args.trace is not None or args.workload is not None:
             raise ConfigError("--trace/--workload: a fleet file gives each deployment its trace")
+        check_output_folder(Path(args.out))
         return run_fleet_command(args)
     if args.trace is None and args.workload is None:
         raise ConfigError("one of the arguments --trace --workload is required")
+    # Before anything that takes time: a bad --out fails now, not after the whole replay.
+    check_output_folder(Path(args.out))
     if args.workload is not None:
         args.trace = str(_write_workload(args.workload, Path(args.out)))
-    return run_command(args)
+    return run_command(args, started_s=_process_started_s())
 
 
 def _write_workload(name: str, out: Path) -> Path:
@@ -237,15 +310,15 @@ def _write_workload(name: str, out: Path) -> Path:
 def _add_replay(sub: argparse._SubParsersAction) -> None:
     replay = sub.add_parser(
         "replay",
-        help="replay a request trace through a simulated cluster steered by a policy",
+        help="score a policy on a trace in a simulated cluster",
         description="Replay a trace (Mooncake JSONL, Azure CSV or Dynamo request trace), or a named "
         "workload of the decision-quality benchmark, through the simulated cluster under one policy; "
         "write summary.json, requests.csv, replicas.csv, decisions.csv and report.html to --out.",
     )
     replay.error = _one_line_error  # type: ignore[method-assign]
-    positive = _number(minimum=0, inclusive=False)
-    non_negative = _number(minimum=0, inclusive=True)
-    gpus = _number(minimum=1, inclusive=True, integer=True)
+    latency = _number(minimum=0, inclusive=False, maximum=MAX_LATENCY_MS)
+    scale = _number(minimum=0, inclusive=False, maximum=MAX_SCALE)
+    gpus = _number(minimum=1, inclusive=True, integer=True, maximum=MAX_GPUS_PER_ENGINE)
     # Not required by argparse: a fleet file (--config with a `fleet:` section) names its traces.
     source = replay.add_mutually_exclusive_group()
     source.add_argument("--trace", help="request trace file")
@@ -267,12 +340,14 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     replay.add_argument("--profile", help="the planner's profile directory (overrides the file)")
     replay.add_argument("--prefill-gpus", type=gpus, help="GPUs per prefill engine")
     replay.add_argument("--decode-gpus", type=gpus, help="GPUs per decode engine")
-    replay.add_argument("--ttft-ms", type=positive, help="TTFT target (ms)")
-    replay.add_argument("--itl-ms", type=positive, help="ITL target (ms)")
-    replay.add_argument("--startup-delay-s", type=non_negative, help="engine start-up delay (s)")
+    replay.add_argument("--ttft-ms", type=latency, help="TTFT target (ms)")
+    replay.add_argument("--itl-ms", type=latency, help="ITL target (ms)")
     replay.add_argument(
-        "--truth-scale", type=positive, help="the world's latencies are the truth profile's x X"
+        "--startup-delay-s",
+        type=_number(minimum=0, inclusive=True, maximum=MAX_DELAY_S),
+        help="engine start-up delay (s)",
     )
+    replay.add_argument("--truth-scale", type=scale, help="the world's latencies are the truth profile's x X")
     replay.add_argument("--truth-profile", help="the world's profile (default: the planner's)")
     replay.add_argument(
         "--truth",
@@ -280,7 +355,11 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
         help="the world's latency shape: profile (default), smooth, one-prompt, prefix-cost, "
         "rising-decode, combined with commas (docs in app/sim/truth.py)",
     )
-    replay.add_argument("--rate-scale", type=positive, help="K requests per trace request, arrivals +-0.5 s")
+    replay.add_argument(
+        "--rate-scale",
+        type=_number(minimum=0, inclusive=False, maximum=MAX_RATE_SCALE),
+        help="K requests per trace request, arrivals +-0.5 s",
+    )
     replay.add_argument("--modes", type=_modes, help=MODES_HELP)
     replay.add_argument("--seed", type=_number(minimum=0, inclusive=True, integer=True), help="default: 0")
     replay.add_argument(
@@ -289,6 +368,11 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
         default="fleet",
         help="a fleet file only: fleet (the fleet step), equal (static equal shares) or fcfs "
         "(independent planners clipped first come first served); default: fleet",
+    )
+    replay.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress on stderr (by default a line every 10%% of the trace or 5 s of wall time)",
     )
     replay.set_defaults(func=cmd_replay)
 
@@ -320,7 +404,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
 
     demo = sub.add_parser(
         "demo",
-        help="the service against a simulated cluster replaying a trace, in accelerated real time",
+        help="the service against a simulated cluster, sped up",
         description="Start `planner serve` (SQLite in a temporary directory) and a simulated "
         "cluster replaying a request trace: the planner scrapes the simulated frontend's /metrics, "
         "engines publish ForwardPassMetrics over ZMQ, and an orchestrator long-polls the decisions "
@@ -328,6 +412,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     )
     demo.error = _one_line_error  # type: ignore[method-assign]
     positive = _number(minimum=0, inclusive=False)
+    scale = _number(minimum=0, inclusive=False, maximum=MAX_SCALE)
     demo.add_argument("--trace", default=str(DEFAULT_TRACE), help="request trace (default: %(default)s)")
     demo.add_argument(
         "--config",
@@ -336,19 +421,19 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     )
     demo.add_argument(
         "--speed",
-        type=positive,
+        type=scale,
         default=DEFAULT_SPEED,
         help="simulated seconds per wall second (default: %(default)g)",
     )
     demo.add_argument(
         "--rate-scale",
-        type=positive,
+        type=_number(minimum=0, inclusive=False, maximum=MAX_RATE_SCALE),
         default=DEFAULT_RATE_SCALE,
         help="replay the trace at K times its request rate (default: %(default)g)",
     )
     demo.add_argument(
         "--port",
-        type=_number(minimum=1, inclusive=True, integer=True),
+        type=_number(minimum=1, inclusive=True, integer=True, maximum=65535),
         default=DEFAULT_PORT,
         help="the planner service's port on 127.0.0.1 (default: %(default)s)",
     )
@@ -362,11 +447,18 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="planner", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    # One line per command in `planner --help` (a help text longer than about 54 characters
+    # would wrap on an 80-column terminal).
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
-    sub.add_parser("serve", help="run the API and the per-deployment workers").set_defaults(func=cmd_serve)
+    sub.add_parser(
+        "serve",
+        help="run the API and the per-deployment workers",
+        description="Run the HTTP API and one worker per deployment; settings come from the "
+        "PLANNER_* variables (docs/configuration.md).",
+    ).set_defaults(func=cmd_serve)
 
-    db = sub.add_parser("db", help="database maintenance")
+    db = sub.add_parser("db", help="database maintenance: `db upgrade` migrates")
     db_sub = db.add_subparsers(dest="db_command", required=True)
     upgrade = db_sub.add_parser("upgrade", help="apply migrations (PLANNER_DATABASE_URL)")
     upgrade.add_argument("revision", nargs="?", default="head")
@@ -379,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = sub.add_parser(
         "plan",
-        help="what-if: the replicas the throughput formula gives for a profile and a load",
+        help="what-if: replicas for a profile and a steady load",
         description="Prefill and decode replicas for a steady load, from a profile's interpolated "
         "throughput (the throughput formula of the planner, before bounds, budget and overrides).",
     )
@@ -387,16 +479,22 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--profile", default=str(DEFAULT_PROFILE), help="profile directory (default: %(default)s)"
     )
-    positive = _number(minimum=0, inclusive=False)
-    plan.add_argument("--rps", required=True, type=_number(minimum=0, inclusive=True), help="requests/s")
-    plan.add_argument("--isl", required=True, type=positive, help="mean input tokens per request")
-    plan.add_argument("--osl", required=True, type=positive, help="mean output tokens per request")
-    plan.add_argument("--ttft-ms", required=True, type=positive, help="TTFT target (ms)")
-    plan.add_argument("--itl-ms", required=True, type=positive, help="ITL target (ms)")
-    gpus = _number(minimum=1, inclusive=True, integer=True)
+    tokens = _number(minimum=0, inclusive=False, maximum=MAX_TOKENS)
+    latency = _number(minimum=0, inclusive=False, maximum=MAX_LATENCY_MS)
+    rps = _number(minimum=0, inclusive=True, maximum=MAX_RPS)
+    plan.add_argument("--rps", required=True, type=rps, help="requests/s")
+    plan.add_argument("--isl", required=True, type=tokens, help="mean input tokens per request")
+    plan.add_argument("--osl", required=True, type=tokens, help="mean output tokens per request")
+    plan.add_argument("--ttft-ms", required=True, type=latency, help="TTFT target (ms)")
+    plan.add_argument("--itl-ms", required=True, type=latency, help="ITL target (ms)")
+    gpus = _number(minimum=1, inclusive=True, integer=True, maximum=MAX_GPUS_PER_ENGINE)
     plan.add_argument("--prefill-gpus", type=gpus, default=1, help="GPUs per prefill engine")
     plan.add_argument("--decode-gpus", type=gpus, default=1, help="GPUs per decode engine")
-    plan.add_argument("--min-replicas", type=_number(minimum=0, inclusive=True, integer=True), default=1)
+    plan.add_argument(
+        "--min-replicas",
+        type=_number(minimum=0, inclusive=True, integer=True, maximum=MAX_REPLICAS),
+        default=1,
+    )
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     plan.set_defaults(func=cmd_plan)
     _add_replay(sub)
@@ -405,22 +503,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from app.serving import StartupError
+
     args = build_parser().parse_args(argv)
     try:
         settings = load_settings()
-        _setup_logging(settings.log_level)
+        configure_logging(settings.log_level, settings.log_format)
         return args.func(settings, args)
-    except ConfigError as exc:
+    except (ConfigError, StartupError) as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:
         return 130
-    except Exception as exc:
-        from sqlalchemy.exc import OperationalError
-
-        if isinstance(exc, OperationalError):
-            first_line = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc.orig)
-            return _fail(f"PLANNER_DATABASE_URL: cannot reach the database: {first_line}", 1)
-        raise
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.core.sla.settings import SlaTuning
 from app.core.types import Mode, Role, RoleBounds, roles_for_mode
+from app.validation_messages import describe_validation_error
 
 log = logging.getLogger(__name__)
 
@@ -368,11 +369,9 @@ class DeploymentsFile(Strict):
         return next((d for d in self.deployments if d.name == name), None)
 
 
-def format_validation_error(source: str, err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in first["loc"]).replace(".[", "[")
-    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return f"{source}: {loc or '<root>'}: {first['msg']}{more}"
+def format_validation_error(source: str, err: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """The first problem, an unknown key before anything else (app/validation_messages.py)."""
+    return describe_validation_error(source, err, model)
 
 
 def load_deployments(path: str | Path) -> DeploymentsFile:
@@ -384,7 +383,7 @@ def validate_deployments(raw: dict, source: str) -> DeploymentsFile:
     try:
         return DeploymentsFile.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(source, exc)) from None
+        raise ConfigError(format_validation_error(source, exc, DeploymentsFile)) from None
 
 
 def read_yaml_mapping(
@@ -423,6 +422,8 @@ class Settings(BaseSettings):
     api_tokens: str = ""
     api_tokens_file: str | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"] = "INFO"
+    # text: a line for people; json: one JSON object a line for log pipelines (app/logs.py).
+    log_format: Literal["text", "json"] = "text"
     apply_migrations: bool = True
     # Folders POST /plan may read profiles from (comma-separated), besides configured profiles.
     profile_roots: str = str(REPO_ROOT / "data" / "profiles")

@@ -93,6 +93,11 @@ class DecisionHub:
             decision.source,
             " ".join(f"{role}={n}" for role, n in replicas_of(decision).items()),
             " | ".join(decision.reasons),
+            extra={
+                "deployment": decision.deployment,
+                "decision_id": decision.decision_id,
+                "tick_id": decision.tick_id,
+            },
         )
         self._metrics.decisions.labels(decision.deployment, decision.source).inc()
         self._metrics.observe_decision(decision.deployment, replicas_of(decision), decision.status)

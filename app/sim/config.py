@@ -122,7 +122,7 @@ def load_replay_config(path: str | Path, deployment: str | None = None) -> Repla
     try:
         section = _SimulationSection.model_validate({"simulation": simulation_raw})
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(str(path), exc)) from None
+        raise ConfigError(format_validation_error(str(path), exc, _SimulationSection)) from None
     return ReplayConfig(path=path, deployment=chosen, simulation=section.simulation)
 
 

@@ -10,11 +10,14 @@ has finished; engines are billed until then.
 from __future__ import annotations
 
 import math
+import os
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from app.config import ConfigError
 from app.core.errors import ProfileError
@@ -32,8 +35,24 @@ from app.sources.profile_files import load_profile
 
 # How often the progress callback hears from a run, in simulated seconds.
 PROGRESS_STEP_S = 60.0
+# `planner replay` prints a progress line when this much wall time has passed since the last one,
+# or when the run has simulated another PROGRESS_FRACTION of the trace.
+PROGRESS_EVERY_WALL_S = 5.0
+PROGRESS_FRACTION = 0.1
 
-Progress = Callable[[float, float], None]  # (simulated seconds done, simulated seconds expected)
+
+@dataclass(frozen=True)
+class ReplayProgress:
+    """Where a run is, in simulated terms; the shell that prints it adds the wall time."""
+
+    sim_s: float  # simulated time reached
+    last_arrival_s: float  # the trace's last arrival: after it the run only drains
+    ticks: int  # the policy's ticks so far
+    requests_done: int
+    requests: int
+
+
+Progress = Callable[[ReplayProgress], None]
 
 
 @dataclass(frozen=True)
@@ -166,7 +185,13 @@ def run_policy(
         if not cluster.done:
             cluster.run_until(horizon)
         if progress is not None:
-            progress(min(horizon, expected_s), expected_s)
+            # The last step ends where the last request finished, not at the step's horizon.
+            reached_s = max(r.finish_s for r in cluster.requests) if cluster.done else horizon  # type: ignore[type-var]
+            progress(
+                ReplayProgress(
+                    reached_s, expected_s, len(decisions), cluster.completed, len(cluster.requests)
+                )
+            )
     end_s = max(r.finish_s for r in cluster.requests)  # type: ignore[type-var]
     return ReplayResult(
         policy=policy.name,
@@ -201,14 +226,74 @@ def load_requests(config: ReplayConfig, trace: Path) -> list[TraceRequest]:
     return expand_rate(requests, sim.rate_scale, sim.seed)
 
 
-def run_command(args: Any) -> int:
-    """`planner replay` (arguments parsed by app/cli.py)."""
-    import sys
+class ProgressLines:
+    """Progress of a replay on a stream, one line at a time: when PROGRESS_EVERY_WALL_S of wall
+    time have passed since the last line, or another PROGRESS_FRACTION of the trace's simulated
+    time is done. Wall time is the shell's business: the run itself only reports simulated time."""
 
-    from tqdm import tqdm
+    def __init__(
+        self,
+        label: str,
+        *,
+        started_s: float,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.label = label
+        self.started_s = started_s
+        self.stream = stream or sys.stderr
+        self.clock = clock
+        self.last_line_s = clock()
+        self.next_fraction = PROGRESS_FRACTION
 
+    def __call__(self, p: ReplayProgress) -> None:
+        now = self.clock()
+        fraction = p.sim_s / p.last_arrival_s if p.last_arrival_s > 0 else 1.0
+        if fraction < self.next_fraction and now - self.last_line_s < PROGRESS_EVERY_WALL_S:
+            return
+        while self.next_fraction <= fraction:
+            self.next_fraction += PROGRESS_FRACTION
+        self.last_line_s = now
+        if p.sim_s <= p.last_arrival_s:
+            where = f"sim {p.sim_s:.0f}/{p.last_arrival_s:.0f} s ({fraction:.0%})"
+        else:
+            where = f"sim {p.sim_s:.0f} s (draining after the last arrival at {p.last_arrival_s:.0f} s)"
+        print(
+            f"{self.label}: {where}, {p.ticks} ticks, {p.requests_done}/{p.requests} requests done, "
+            f"{now - self.started_s:.1f} s wall",
+            file=self.stream,
+            flush=True,
+        )
+
+
+def check_output_folder(out: Path) -> None:
+    """Create `out` and make sure a file can be written there, before a replay that may take
+    minutes: a bad --out is one ConfigError now, not a traceback at the end."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: {out} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".planner-write-check-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--out: cannot write to {out}: {exc.strerror or exc}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out: cannot write to {out}: permission denied")
+
+
+def run_command(args: Any, *, started_s: float | None = None) -> int:
+    """`planner replay` (arguments parsed by app/cli.py; the output folder already checked).
+    `started_s`: when the command started (`time.perf_counter()`), so that the wall time it
+    reports is the whole command's, loading and writing included."""
     from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
     from app.sim.outputs import summarize, write_outputs
+
+    started_s = time.perf_counter() if started_s is None else started_s
+    quiet = bool(getattr(args, "quiet", False))
+
+    def note(message: str) -> None:
+        if not quiet:
+            print(message, file=sys.stderr, flush=True)
 
     if args.modes is not None and args.policy != "seed":
         raise ConfigError(f"--modes: the seed's modes; use them with --policy seed, not {args.policy}")
@@ -231,8 +316,8 @@ def run_command(args: Any) -> int:
     trace = Path(args.trace)
     requests = load_requests(config, trace)
     models = load_models(config)
-    print(f"trace {trace}: {len(requests)} requests over {requests[-1].arrival_s:.0f} s", file=sys.stderr)
-    print("computing the clairvoyant oracle ...", file=sys.stderr)
+    note(f"trace {trace}: {len(requests)} requests over {requests[-1].arrival_s:.0f} s")
+    note("computing the clairvoyant oracle ...")
     world = build_world(config, requests, models)
     policy = make_policy(args.policy, world)
     settings = {
@@ -250,24 +335,21 @@ def run_command(args: Any) -> int:
         "profile": config.deployment.profile,
         "truth_profile": config.simulation.truth_profile or config.deployment.profile,
     }
-    with tqdm(
-        total=round(requests[-1].arrival_s),
-        unit="sim s",
-        desc=f"replay {args.policy}",
-        file=sys.stderr,
-        disable=None,  # off when stderr is not a terminal
-    ) as bar:
-
-        def progress(done_s: float, total_s: float) -> None:
-            bar.update(round(done_s) - bar.n)
-
-        result = run_policy(world, policy, trace_name=trace.name, settings=settings, progress=progress)
+    note(f"replaying with policy {args.policy} ({time.perf_counter() - started_s:.1f} s wall so far)")
+    progress = None if quiet else ProgressLines(f"replay {args.policy}", started_s=started_s)
+    result = run_policy(world, policy, trace_name=trace.name, settings=settings, progress=progress)
     summary = summarize(result, truth=world.truth)
-    paths = write_outputs(result, Path(args.out), summary=summary)
+    try:
+        paths = write_outputs(result, Path(args.out), summary=summary)
+    except OSError as exc:
+        raise ConfigError(f"--out: cannot write the outputs to {args.out}: {exc.strerror or exc}") from None
+    # The whole command: its imports, the trace, the oracle, the run and the outputs.
+    wall_s = time.perf_counter() - started_s
     print(
         f"{result.policy}: {summary['requests']} requests, SLO attainment {summary['slo_attainment']:.1%}, "
         f"{summary['gpu_hours']:.2f} GPU-hours ({summary['oracle_gpu_hours']:.2f} for the oracle), "
-        f"{summary['scaling_actions']} scaling actions; {result.wall_s:.1f} s"
+        f"{summary['scaling_actions']} scaling actions; {wall_s:.1f} s wall in all "
+        f"({result.wall_s:.1f} s replaying {summary['simulated_s']:.0f} simulated s)"
     )
     print(f"wrote {', '.join(str(p) for p in paths.values())}")
     return 0

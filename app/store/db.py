@@ -5,13 +5,17 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import signal
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 log = logging.getLogger(__name__)
@@ -20,6 +24,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 MIGRATIONS_DIR = REPO_ROOT / "migrations"
 # Any constant works; it only has to be the same in every planner process.
 _MIGRATION_LOCK_KEY = 0x706C616E  # "plan"
+# Another process migrating takes seconds; one holding the lock this long is stuck, and start-up
+# says so instead of waiting for ever.
+MIGRATION_LOCK_WAIT_S = 60.0
 
 
 def is_postgres(engine: Engine) -> bool:
@@ -62,11 +69,63 @@ def _sqlite_file_lock(url: str) -> Iterator[None]:
         return
     lock_path = Path(database).with_name(Path(database).name + ".migrate.lock")
     with open(lock_path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+        _flock_bounded(fh.fileno(), f"the migration lock {lock_path}")
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _flock_bounded(fd: int, what: str) -> None:
+    """An exclusive flock, waited for at most MIGRATION_LOCK_WAIT_S (then TimeoutError), with a
+    warning when the wait starts. The wait is a blocking flock, so the kernel lists the waiter
+    (/proc/locks); SIGALRM bounds it, which Python allows in the main thread only: elsewhere
+    the wait is unbounded, as it always was."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pass
+    log.warning("another process holds %s; waiting up to %g s", what, MIGRATION_LOCK_WAIT_S)
+    if threading.current_thread() is not threading.main_thread():
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError(f"another process has held {what} for more than {MIGRATION_LOCK_WAIT_S:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    outer_s, _ = signal.setitimer(signal.ITIMER_REAL, MIGRATION_LOCK_WAIT_S)
+    started = time.monotonic()
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer_s > 0:  # an outer timer (a test runner's timeout) keeps what was left of it
+            signal.setitimer(signal.ITIMER_REAL, max(outer_s - (time.monotonic() - started), 0.001))
+
+
+def _pg_advisory_lock_bounded(conn: Connection) -> None:
+    """The migration's advisory lock for this transaction, waited for at most
+    MIGRATION_LOCK_WAIT_S (then TimeoutError), with a warning when the wait starts. The wait is
+    PostgreSQL's own (pg_locks lists the waiter); the timeout applies to it alone."""
+    key = {"k": _MIGRATION_LOCK_KEY}
+    if conn.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), key).scalar():
+        return
+    what = "the migration lock (a PostgreSQL advisory lock)"
+    log.warning("another process holds %s; waiting up to %g s", what, MIGRATION_LOCK_WAIT_S)
+    conn.execute(text(f"SET LOCAL lock_timeout = '{int(MIGRATION_LOCK_WAIT_S * 1000)}ms'"))
+    try:
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), key)
+    except OperationalError as exc:
+        if "lock timeout" not in str(exc.orig):
+            raise
+        raise TimeoutError(
+            f"another process has held {what} for more than {MIGRATION_LOCK_WAIT_S:g} s"
+        ) from None
+    # The migration's own statements wait as long as they need, as before.
+    conn.execute(text("SET LOCAL lock_timeout = DEFAULT"))
 
 
 def upgrade(url: str, revision: str = "head") -> None:
@@ -78,7 +137,7 @@ def upgrade(url: str, revision: str = "head") -> None:
     try:
         if is_postgres(engine):
             with engine.begin() as conn:
-                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})
+                _pg_advisory_lock_bounded(conn)
                 cfg.attributes["connection"] = conn
                 command.upgrade(cfg, revision)
         else:

@@ -234,7 +234,14 @@ class DeploymentWorker:
         self._metrics.observe_load(name, record.load, load_enabled=self.config.load.enabled)
         self._metrics.observe_sla(name, record.sla)
         summary = f"[{name}] tick {tick.id}: target {effects.target}; {_notes(record)}; {verdict}"
-        log.info(summary)
+        log.info(
+            summary,
+            extra={
+                "deployment": name,
+                "tick_id": tick.id,
+                "decision_id": decision.decision_id if decision else None,
+            },
+        )
         pending = decision or (
             latest if latest is not None and latest.status == DecisionStatus.PENDING else None
         )
@@ -260,7 +267,12 @@ class DeploymentWorker:
             try:
                 return await self.connector.ready_counts()  # type: ignore[return-value]
             except ConnectorError as exc:
-                log.warning("[%s] ready counts unavailable: %s", self.config.name, exc)
+                log.warning(
+                    "[%s] ready counts unavailable: %s",
+                    self.config.name,
+                    exc,
+                    extra={"deployment": self.config.name},
+                )
                 return None
 
         def read() -> dict[Role, int] | None:
@@ -346,12 +358,25 @@ class DeploymentWorker:
             )
         except ConnectorNotReadyError as exc:
             # Stays pending; the next tick hands it over again.
-            log.info("[%s] decision %d waits: %s", self.config.name, decision.decision_id, exc)
+            log.info(
+                "[%s] decision %d waits: %s",
+                self.config.name,
+                decision.decision_id,
+                exc,
+                extra={"deployment": self.config.name, "decision_id": decision.decision_id},
+            )
             self._actuating.discard(decision.decision_id)
             return
         except ConnectorError as exc:
             status, message = DecisionStatus.FAILED, f"{self.config.connector.type}: {exc}"
-        log.info("[%s] decision %d %s: %s", self.config.name, decision.decision_id, status, message)
+        log.info(
+            "[%s] decision %d %s: %s",
+            self.config.name,
+            decision.decision_id,
+            status,
+            message,
+            extra={"deployment": self.config.name, "decision_id": decision.decision_id},
+        )
         now = self._clock.now()
 
         def record() -> None:
@@ -390,7 +415,12 @@ class DeploymentWorker:
             self.startup_problems = problems
             if not problems:
                 return
-            log.warning("[%s] waiting to start: %s", self.config.name, "; ".join(problems))
+            log.warning(
+                "[%s] waiting to start: %s",
+                self.config.name,
+                "; ".join(problems),
+                extra={"deployment": self.config.name},
+            )
             await self._clock.sleep_until(self._clock.now() + timedelta(seconds=STARTUP_RETRY_S))
 
     def renew_lease(self, now: datetime) -> bool:
@@ -443,14 +473,25 @@ class DeploymentWorker:
     def _resume(self, saved: PlannerStateRow | None) -> None:
         name = self.config.name
         if saved is None:
-            log.info("[%s] no learned state saved: learning from scratch", name)
+            log.info("[%s] no learned state saved: learning from scratch", name, extra={"deployment": name})
             return
         try:
             self.planner.restore_state(saved.state)
         except ValueError as exc:
-            log.warning("[%s] learned state of %s not resumed: %s", name, saved.saved_at.isoformat(), exc)
+            log.warning(
+                "[%s] learned state of %s not resumed: %s",
+                name,
+                saved.saved_at.isoformat(),
+                exc,
+                extra={"deployment": name},
+            )
             return
-        log.info("[%s] resumed the learned state saved at %s", name, saved.saved_at.isoformat())
+        log.info(
+            "[%s] resumed the learned state saved at %s",
+            name,
+            saved.saved_at.isoformat(),
+            extra={"deployment": name},
+        )
 
     def _export(self, effects: Effects) -> bytes | None:
         """The state this tick would commit, or None (and one warning) where it cannot be saved:
@@ -460,7 +501,13 @@ class DeploymentWorker:
         except Exception as exc:  # pickling arbitrary fitted models
             if not self._export_warned:
                 kind = type(exc).__name__
-                log.warning("[%s] learned state not saved (%s: %s)", self.config.name, kind, exc)
+                log.warning(
+                    "[%s] learned state not saved (%s: %s)",
+                    self.config.name,
+                    kind,
+                    exc,
+                    extra={"deployment": self.config.name},
+                )
                 self._export_warned = True
             return None
 
@@ -494,7 +541,12 @@ class DeploymentWorker:
                 self.consecutive_failures += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 self._metrics.tick_failures.labels(self.config.name).inc()
-                log.exception("[%s] tick failed (%d in a row)", self.config.name, self.consecutive_failures)
+                log.exception(
+                    "[%s] tick failed (%d in a row)",
+                    self.config.name,
+                    self.consecutive_failures,
+                    extra={"deployment": self.config.name},
+                )
 
     def start(self) -> None:
         for subscriber in self.fpm.values():
@@ -514,7 +566,12 @@ class DeploymentWorker:
             with self._sf() as session, session.begin():
                 tick_store.release_lease(session, deployment=self.config.name, holder=self._holder)
         except Exception:  # shutting down; the lease expires on its own
-            log.warning("[%s] could not release the worker lease", self.config.name, exc_info=True)
+            log.warning(
+                "[%s] could not release the worker lease",
+                self.config.name,
+                exc_info=True,
+                extra={"deployment": self.config.name},
+            )
 
     @property
     def running(self) -> bool:

@@ -239,6 +239,27 @@ def test_concurrent_cli_upgrades(empty_url: str) -> None:
     assert schema_diff(empty_url) == []
 
 
+def test_a_stuck_migration_lock_ends_the_upgrade_after_a_bounded_wait(
+    empty_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A planner holding the lock for ever (a hung migration) made every other one wait for ever,
+    silently. Now the wait is logged when it starts and ends in TimeoutError, which the command
+    line reports in one line; nothing was migrated."""
+    from app.store import db
+    from app.store.startup import describe_database_error
+
+    monkeypatch.setattr(db, "MIGRATION_LOCK_WAIT_S", 0.5)
+    started = time.monotonic()
+    with migration_lock_held(empty_url), pytest.raises(TimeoutError) as info:
+        upgrade(empty_url)
+    assert time.monotonic() - started < 10
+    assert "waiting up to 0.5 s" in caplog.text
+    line = describe_database_error(info.value, empty_url)
+    assert line is not None and line.startswith("PLANNER_DATABASE_URL: ")
+    assert "another process has held the migration lock" in line and "for more than 0.5 s" in line
+    assert tables(empty_url) == set()
+
+
 # --- names ----------------------------------------------------------------------------------------
 
 

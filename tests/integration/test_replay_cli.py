@@ -5,8 +5,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -133,3 +135,82 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(
     assert lines[0].startswith("planner: error: ")
     assert message in lines[0]
     assert not (out / "summary.json").exists()
+
+
+PROGRESS = re.compile(
+    r"^replay planner: sim (\d+)(?:/(\d+))? s (?:\((\d+)%\)|\(draining after the last arrival at \d+ s\)), "
+    r"(\d+) ticks, (\d+)/(\d+) requests done, ([\d.]+) s wall$"
+)
+SUMMARY = re.compile(r"^planner: \d+ requests, .*; ([\d.]+) s wall in all \(([\d.]+) s replaying ")
+
+
+def test_a_replay_shows_progress_and_its_whole_wall_time(tmp_path: Path) -> None:
+    """A replay printed nothing until its end, then a time that left out loading the trace, the
+    oracle and writing the outputs (0.1 s for a command of several seconds)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLANNER_")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    command = [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "replay",
+        "--trace",
+        str(MOONCAKE),
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    stderr_path = tmp_path / "stderr.log"
+    with stderr_path.open("w") as stderr:
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
+        assert proc.stdout is not None
+        summary, seen_s = None, None
+        for line in proc.stdout:
+            if SUMMARY.match(line):
+                summary, seen_s = line, time.monotonic() - started
+        assert proc.wait(timeout=300) == 0, stderr_path.read_text()
+    assert summary is not None and seen_s is not None, "no summary line"
+    reported_s, replaying_s = (float(x) for x in SUMMARY.match(summary).groups())  # type: ignore[union-attr]
+    # The command's time, from its process's start to the summary: at most what the test saw
+    # (plus rounding), and short of it by no more than the process's creation.
+    assert seen_s - 1.0 <= reported_s <= seen_s + 0.1, (reported_s, seen_s)
+    assert replaying_s < reported_s
+
+    progress = [m for m in map(PROGRESS.match, stderr_path.read_text().splitlines()) if m]
+    assert len(progress) >= 3, stderr_path.read_text()  # the trace is 177 s: a line at least per 60 s
+    sims = [int(m.group(1)) for m in progress]
+    done = [int(m.group(5)) for m in progress]
+    walls = [float(m.group(7)) for m in progress]
+    assert sims == sorted(sims) and done == sorted(done) and walls == sorted(walls)
+    assert {int(m.group(6)) for m in progress} == {1000}
+    assert all(w <= reported_s for w in walls)
+
+
+def test_quiet_prints_no_progress(tmp_path: Path) -> None:
+    run = replay("--trace", str(_slice(tmp_path, 100)), "--quiet", "--out", str(tmp_path / "out"))
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == ""
+    assert SUMMARY.match(run.stdout.splitlines()[0])
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [
+        ("/proc/nope/x", "planner: error: --out: cannot write to /proc/nope/x: "),
+        ("{tmp}/a-file/x", "planner: error: --out: cannot write to {tmp}/a-file/x: Not a directory"),
+        ("{tmp}/a-file", "planner: error: --out: {tmp}/a-file exists and is not a folder"),
+    ],
+    ids=["proc", "under-a-file", "a-file"],
+)
+def test_a_bad_out_fails_before_the_replay(tmp_path: Path, out: str, message: str) -> None:
+    """It was a traceback after the whole replay."""
+    (tmp_path / "a-file").write_text("")
+    out = out.replace("{tmp}", str(tmp_path))
+    run = replay("--trace", str(MOONCAKE), "--out", out)
+    assert run.returncode == 2
+    # One line and nothing else: not even the trace was read, let alone replayed.
+    assert run.stderr.splitlines() == [run.stderr.strip()], run.stderr
+    assert run.stderr.startswith(message.replace("{tmp}", str(tmp_path))), run.stderr
+    assert run.stdout == ""

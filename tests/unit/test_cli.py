@@ -76,9 +76,14 @@ class FailCase:
 
 def _bad_sla_config(tmp: Path) -> str:
     config = demo_config(sla={"ttft_ms": -1, "itl_ms": 50})
+    # `ttft:` for `ttft_ms:`: the typo, not the key it makes missing, is the news.
+    write_yaml(tmp / "typo.yaml", demo_config(sla={"ttft": 500, "itl_ms": 50}))
     return str(write_yaml(tmp / "bad.yaml", config))
 
 
+UNREACHABLE_PG = (
+    "PLANNER_DATABASE_URL: postgresql+psycopg://postgres:***@127.0.0.1:1/planner: cannot reach the database: "
+)
 FAIL_CASES = [
     FailCase(
         "serve_bad_deployments_file",
@@ -86,6 +91,14 @@ FAIL_CASES = [
         ("serve",),
         {"PLANNER_CONFIG": "{tmp}/bad.yaml"},
         "{tmp}/bad.yaml: deployments[0].sla.ttft_ms: ",
+        2,
+    ),
+    FailCase(
+        "serve_yaml_key_typo",
+        "an unknown key is named, with the key it probably meant, not reported as the missing one",
+        ("serve",),
+        {"PLANNER_CONFIG": "{tmp}/typo.yaml"},
+        "{tmp}/typo.yaml: deployments[0].sla: unknown key 'ttft' (did you mean 'ttft_ms'?)",
         2,
     ),
     FailCase(
@@ -116,6 +129,14 @@ FAIL_CASES = [
         "serve_bad_port", "the variable is named", ("serve",), {"PLANNER_PORT": "70000"}, "PLANNER_PORT: ", 2
     ),
     FailCase(
+        "serve_bad_log_format",
+        "the log formats are text and json",
+        ("serve",),
+        {"PLANNER_LOG_FORMAT": "xml"},
+        "PLANNER_LOG_FORMAT: Input should be 'text' or 'json'",
+        2,
+    ),
+    FailCase(
         "db_upgrade_unknown_scheme",
         "an unsupported database URL is a settings error",
         ("db", "upgrade"),
@@ -125,11 +146,30 @@ FAIL_CASES = [
     ),
     FailCase(
         "db_upgrade_unreachable_postgres",
-        "an unreachable server names the setting, no traceback",
+        "an unreachable server names the setting and the URL, password masked; exit 2 as documented",
         ("db", "upgrade"),
-        {"PLANNER_DATABASE_URL": "postgresql://postgres:postgres@127.0.0.1:1/planner"},
-        "PLANNER_DATABASE_URL: cannot reach the database",
-        1,
+        {"PLANNER_DATABASE_URL": "postgresql://postgres:s3cret@127.0.0.1:1/planner"},
+        UNREACHABLE_PG,
+        2,
+    ),
+    FailCase(
+        "serve_unreachable_postgres",
+        "serve as db upgrade: one line, exit 2 (it was 1)",
+        ("serve",),
+        {
+            "PLANNER_DATABASE_URL": "postgresql://postgres:s3cret@127.0.0.1:1/planner",
+            "PLANNER_API_TOKENS": "viewer:viewer-token-1",  # no warning about an open API
+        },
+        UNREACHABLE_PG,
+        2,
+    ),
+    FailCase(
+        "db_upgrade_unknown_revision",
+        "a revision the migrations do not have is one line, not alembic's traceback",
+        ("db", "upgrade", "nonsense"),
+        {"PLANNER_LOG_LEVEL": "WARNING"},
+        "PLANNER_DATABASE_URL: {tmp}/planner.db: migration: Can't locate revision identified by 'nonsense'",
+        2,
     ),
 ]
 
@@ -147,7 +187,22 @@ def test_fails_with_one_line(case: FailCase, tmp_path: Path) -> None:
         lines
     )
     assert "Traceback" not in result.stderr
+    assert "s3cret" not in result.stderr
     assert result.stdout == ""
+
+
+def test_help_lists_every_command_on_one_line_each(tmp_path: Path) -> None:
+    """`planner --help` named only serve, db upgrade and openapi in its description, and the
+    longer commands' help wrapped onto a second line."""
+    result = planner("--help", env={**planner_env(tmp_path), "COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    commands = ("serve", "db", "openapi", "plan", "replay", "demo")
+    assert lines[2] == "The `planner` command line: serve, db upgrade, openapi, plan, replay, demo."
+    listed = lines[lines.index("commands:") + 2 :]  # after the title and the COMMAND line
+    assert [line.split()[0] for line in listed] == list(commands), result.stdout
+    for line in listed:
+        assert len(line.split()) > 2 and len(line) <= 80, f"no one-line help: {line!r}"
 
 
 def test_refusing_to_listen_touches_no_database(tmp_path: Path) -> None:

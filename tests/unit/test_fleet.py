@@ -336,7 +336,7 @@ def test_a_fleet_section_is_read_with_its_defaults() -> None:
         ({"fleet__hold_s": -1}, "fleet.hold_s: Input should be greater than or equal to 0"),
         (
             {"fleet__deployments__chat__priorty": 1},
-            "fleet.deployments.chat.priorty: Extra inputs are not permitted",
+            "fleet.deployments.chat: unknown key 'priorty'",
         ),
     ],
 )
