@@ -76,7 +76,7 @@ class HttpEndpoint:
 
         app = Starlette(routes=[StarletteRoute(path, endpoint(route)) for path, route in routes.items()])
         config = uvicorn.Config(
-            app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
+            app, host=host, port=port, log_level="warning", access_log=False, lifespan="off", log_config=None
         )
         self.host = host
         self._server = _NoSignalServer(config)
