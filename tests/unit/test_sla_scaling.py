@@ -195,7 +195,6 @@ def batch_limit(model: PerfModel, settings: SlaSettings, cost: DecodeCost | None
         itl_target_ms=settings.itl_target_ms * settings.decode_itl_margin,
         max_kv_tokens=settings.max_kv_tokens,
         max_num_seqs=settings.max_num_seqs,
-        profile_itl_ms=model.decode_itl_ms,
     )
 
 
@@ -318,17 +317,16 @@ def test_b_decode_scale_down_waits_for_the_window_then_takes_its_highest_wish(h2
     settings = settings_for(h200, ("decode",), decode_itl_margin=0.95, scale_down_window_leads=2.0)
     high, low = 500.0, 150.0  # 100 req/s for a minute, then 30 req/s
     # The records are the profile's ITL for their batch (the world is the profile): each tick's
-    # are learned, so the batch limit is the state's model's, not the cold-start prior's. Cold,
-    # the profile's own surface (108 at 95% of the ITL target) is slower than the prior's line
-    # and decides; after the first tick's records (three of 30 requests in 9.6 ms) the line
-    # decides up to 45 requests and the profile beyond: still 108.
+    # are learned, so the batch limit is the state's model's, not the cold-start prior's. After
+    # the first tick's records (three of 30 requests in 9.6 ms, where the prior reads its line 2σ
+    # high), the limit at 95% of the ITL target is above the prior's 119.
     prior = prior_of(h200, settings)
     first = prior.observed("decode", decode_fpm(h200, drain_batches(3))["decode"].values(), TICK_S).decode
     high_wish = decode_wish(h200, settings, high / TICK_S, 1.0, cost=first)
-    assert batch_limit(h200, settings) == 108
-    assert batch_limit(h200, settings, first) == 108
-    # 100 req/s: 338 requests in flight at the 0.99 peak quantile, 4 engines of 108.
-    assert high_wish == 4
+    assert batch_limit(h200, settings) == 119
+    assert batch_limit(h200, settings, first) == 129
+    # 100 req/s: 338 requests in flight at the 0.99 peak quantile, 3 engines of 129.
+    assert high_wish == 3
     run = Run(h200, settings, expected={"decode": high_wish})
     wishes: list[tuple[float, int]] = []
     first_s = TICK_S
@@ -407,29 +405,28 @@ def test_b_a_traffic_drop_never_raises_the_decode_wish(h200: PerfModel) -> None:
 def test_b_decode_scale_follows_slower_iterations_by_ewma(h200: PerfModel) -> None:
     settings = settings_for(h200, ("decode",))
     run = Run(h200, settings, expected={"decode": 2})
-    run.tick(150.0, fpm=decode_fpm(h200, [100, 100], ratio=1.0))
+    run.tick(150.0, fpm=decode_fpm(h200, [60, 60], ratio=1.0))
     assert run.state.scale["decode"] == 1.0
     scale = 1.0
     for _ in range(6):
-        result = run.tick(150.0, fpm=decode_fpm(h200, [100, 100], ratio=1.2))
+        result = run.tick(150.0, fpm=decode_fpm(h200, [60, 60], ratio=1.2))
         scale += settings.scale_smoothing * (1.2 - scale)
         assert run.state.scale["decode"] == pytest.approx(scale, rel=1e-12)
         assert result.diagnostics["scale"]["decode"] == round(run.state.scale["decode"], 4)
         assert result.diagnostics["scale_samples"] == {"decode": 2}
     # 1.0, then 1.06, 1.102, 1.1314, ...: towards 1.2, never past it.
     assert scale == pytest.approx(1.2 - 0.2 * 0.7**6, rel=1e-12)
-    # The scale is a diagnostic now: the batch limit is the learned model's (14 records of 100
-    # requests, and the prior; within 1.5x the batches seen the fit decides alone), and
-    # iterations slower than the profile lower it below that of the same ticks at the profile's
-    # speed.
+    # The scale is a diagnostic now: the batch limit is the learned model's (14 records of 60
+    # requests in 15.4 ms, and the prior), and iterations slower than the profile lower it below
+    # that of the same ticks at the profile's speed (12.9 ms).
     decode = result.diagnostics["roles"]["decode"]
     assert decode["batch_limit"] == batch_limit(h200, settings, run.state.latency.decode)  # type: ignore[union-attr]
     same = Run(h200, settings, expected={"decode": 2})
     for _ in range(7):
-        same.tick(150.0, fpm=decode_fpm(h200, [100, 100], ratio=1.0))
+        same.tick(150.0, fpm=decode_fpm(h200, [60, 60], ratio=1.0))
     assert (decode["batch_limit"], same.results[-1].diagnostics["roles"]["decode"]["batch_limit"]) == (
-        105,
-        126,
+        127,
+        145,
     )
 
 

@@ -199,7 +199,6 @@ def decode_batch_limit(
     max_kv_tokens: int,
     max_num_seqs: int | None = None,
     held_context_tokens: float | None = None,
-    profile_itl_ms: Callable[[float, float], float] | None = None,
 ) -> int:
     """The most requests one decode engine holds at the ITL target: the largest batch whose
     iteration at context `isl + osl/2` meets the target (the learned cost, cautious beyond the
@@ -209,15 +208,7 @@ def decode_batch_limit(
 
     `held_context_tokens`, the mean context of the requests the engines hold now (FPM), raises
     both when it is larger: long outputs stay in flight longer, so the requests in decode are
-    longer than the arrivals' mean (a heavy-tailed output mix holds twice its mean context).
-
-    `profile_itl_ms(batch, context)`, the profile's ITL, is a second opinion where the learned
-    fit extrapolates far (before any record, or past half again the largest batch or KV the
-    engines reported): there the slower of the two counts. A straight line through the
-    profile's points misses its curvature (at the Azure mix's context the prior alone allows
-    twice the profile's batch), and until the engines have run such batches nothing says the
-    line is right. Within that stretch the fit decides alone, so that a profile more cautious
-    than the engines does not pin the batch below what they have shown they can do."""
+    longer than the arrivals' mean (a heavy-tailed output mix holds twice its mean context)."""
     context = max(isl_tokens + osl_tokens / 2, 1.0)
     need = max(isl_tokens + osl_tokens, 1.0)
     if held_context_tokens is not None and held_context_tokens > context:
@@ -228,12 +219,7 @@ def decode_batch_limit(
         cap = min(cap, max_num_seqs)
 
     def meets(n: int) -> bool:
-        kv = n * context
-        if cost.iteration_ms(n, kv) > itl_target_ms:
-            return False
-        if profile_itl_ms is None or not cost.far_beyond_data(n, kv):
-            return True
-        return profile_itl_ms(n, context) <= itl_target_ms
+        return cost.iteration_ms(n, n * context) <= itl_target_ms
 
     return largest_meeting(meets, cap)
 

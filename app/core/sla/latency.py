@@ -38,7 +38,6 @@ _PREFILL_SCALE = np.array([1.0, 1e-4, 1e-8])
 _DECODE_SCALE = np.array([1.0, 1e-2, 1e-5])
 _RIDGE = 1e-9
 _MIN_REL_NOISE = 0.02  # an iteration time is never known better than 2%
-_TRUSTED_STRETCH = 1.5  # how far past its data a fit decides alone (DecodeCost.far_beyond_data)
 
 
 def prefill_features(tokens: float, prefix_tokens: float, prompts: float = 1.0) -> np.ndarray:
@@ -137,10 +136,9 @@ class LinearCost:
     def mean_ms(self, x: np.ndarray) -> float:
         return float(self._fit()[0] @ x)
 
-    def outside(self, x: np.ndarray, stretch: float = 1.05) -> bool:
-        """Beyond the real data: past its largest value in some feature (by more than 5%, or
-        the `stretch` given)."""
-        return self.high is None or bool(np.any(x[1:] > self.high[1:] * stretch + 1e-12))
+    def outside(self, x: np.ndarray) -> bool:
+        """Beyond the real data: past its largest value in some feature (by more than 5%)."""
+        return self.high is None or bool(np.any(x[1:] > self.high[1:] * 1.05 + 1e-12))
 
     def predict_ms(self, x: np.ndarray) -> float:
         """The mean inside the data's range; outside it the upper confidence bound."""
@@ -233,11 +231,6 @@ class DecodeCost:
 
     def iteration_ms(self, requests: float, kv_tokens: float) -> float:
         return self.model.predict_ms(decode_features(requests, kv_tokens))
-
-    def far_beyond_data(self, requests: float, kv_tokens: float) -> bool:
-        """Past half again the largest batch or KV the engines have reported: a straight line
-        is trusted that far from its data, not further (nor anywhere before any data)."""
-        return self.model.outside(decode_features(requests, kv_tokens), stretch=_TRUSTED_STRETCH)
 
 
 @dataclass(frozen=True)

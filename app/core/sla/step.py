@@ -126,9 +126,9 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
     check = check_busy(state, inp, interval_s, settings)
     if check is not None:
         diagnostics["capacity_check"] = check
-    wish, role_diag = _wishes(demand, inp, state, settings, lead_s, model)
+    wish, role_diag = _wishes(demand, inp, state, settings, lead_s)
     diagnostics["roles"] = role_diag
-    kept = _quiet_floor(demand, inp, state, settings, lead_s, model, wish, role_diag)
+    kept = _quiet_floor(demand, inp, state, settings, lead_s, wish, role_diag)
     if kept is not None:
         diagnostics["quiet"] = kept
     if not inp.inventory_known:
@@ -191,7 +191,6 @@ def _quiet_floor(
     state: SlaState,
     settings: SlaSettings,
     lead_s: float,
-    model: PerfModel | None,
     wish: dict[Role, int],
     diag: dict[Role, dict[str, Any]],
 ) -> dict[str, Any] | None:
@@ -228,7 +227,7 @@ def _quiet_floor(
         osl=osl,
         mix=demand.mix if demand.mix.mean > 0 else LengthMix.uniform(isl),
     )
-    needs, _ = _wishes(back, inp, state, settings, lead_s, model, with_held=False)
+    needs, _ = _wishes(back, inp, state, settings, lead_s, with_held=False)
     extra = {role: max(0, needs[role] - wish[role]) for role in wish}
     rate = view.return_tokens_s / isl if isl > 0 else 0.0
     if view.keep:
@@ -252,7 +251,6 @@ def _wishes(
     state: SlaState,
     settings: SlaSettings,
     lead_s: float,
-    model: PerfModel | None,
     with_held: bool = True,
 ) -> tuple[dict[Role, int], dict[Role, dict[str, Any]]]:
     assert state.latency is not None
@@ -302,7 +300,6 @@ def _wishes(
             max_kv_tokens=settings.max_kv_tokens,
             max_num_seqs=settings.max_num_seqs,
             held_context_tokens=held_context,
-            profile_itl_ms=model.decode_itl_ms if model is not None else None,
         )
         in_flight = demand.in_flight
         held = (
