@@ -325,6 +325,12 @@ class Settings(BaseSettings):
     # Demo and testing knob: the service's clock runs this many times faster than the wall clock
     # (`planner demo` sets it to its --speed). Intervals, timeouts and leases are in scaled seconds.
     time_scale: float = Field(default=1.0, gt=0, allow_inf_nan=False)
+    # A request body above this is refused with 413 before it is read (JSON bodies here are small).
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1)
+    # Held GET /decisions/wait requests this process keeps at once, in total and per caller (one
+    # token; all loopback callers when no tokens are set); beyond them it answers 429.
+    max_held_longpolls: int = Field(default=1000, ge=1)
+    max_held_longpolls_per_caller: int = Field(default=200, ge=1)
 
     @field_validator("database_url")
     @classmethod

@@ -17,7 +17,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from app.core.errors import ConflictError, NotFoundError
+from app.core.errors import ConflictError, ConflictingFieldError, NotFoundError
 from app.core.protocol import ProtocolOutcome, Verdict, ack_overdue, judge
 from app.core.types import DecisionSource, DecisionStatus, DecisionView, Replicas, Role
 from app.store.models import Decision, DecisionAck, DeploymentState
@@ -204,6 +204,7 @@ class CompletionResult:
     decision: Decision
     outcome: str  # applied | repeated | conflict
     detail: str
+    field: str | None = None  # the field of the acknowledgement a conflict is about, if one is
 
 
 def complete_decision(
@@ -218,17 +219,26 @@ def complete_decision(
     now: datetime,
 ) -> CompletionResult:
     """Record an acknowledgement. Only a pending decision changes status; repeating the same
-    acknowledgement is harmless; every acknowledgement is kept, even one that conflicts."""
+    acknowledgement (status and observed replicas; the message may differ) is harmless, and
+    one that reports other observed replicas conflicts, since they would be dropped silently;
+    every acknowledgement is kept, even one that conflicts."""
     lock_deployment(session, deployment)
     decision = get_decision_or_raise(session, deployment, decision_id)
+    field = None
     if decision.status == DecisionStatus.PENDING:
         decision.status = str(status)
         decision.completed_at = now
         decision.observed = observed
         decision.message = message
         outcome, detail = "applied", f"decision {decision_id} {status}"
-    elif decision.status == status:
+    elif decision.status == status and (decision.observed or None) == (observed or None):
         outcome, detail = "repeated", f"decision {decision_id} was already {status}"
+    elif decision.status == status:
+        outcome, field = "conflict", "body.observed"
+        detail = (
+            f"decision {decision_id} was already acknowledged as {status} with observed "
+            f"{_replicas_text(decision.observed)}; this acknowledgement reports {_replicas_text(observed)}"
+        )
     else:
         outcome = "conflict"
         why = f" ({decision.status_reason})" if decision.status_reason else ""
@@ -244,7 +254,11 @@ def complete_decision(
             outcome=outcome,
         )
     )
-    return CompletionResult(decision, outcome, detail)
+    return CompletionResult(decision, outcome, detail, field)
+
+
+def _replicas_text(observed: dict[str, int] | None) -> str:
+    return ", ".join(f"{role}={n}" for role, n in sorted(observed.items())) if observed else "nothing"
 
 
 def complete_decision_or_raise(session: Session, **kwargs) -> Decision:  # type: ignore[no-untyped-def]
@@ -252,6 +266,8 @@ def complete_decision_or_raise(session: Session, **kwargs) -> Decision:  # type:
     result = complete_decision(session, **kwargs)
     session.commit()
     if result.outcome == "conflict":
+        if result.field is not None:
+            raise ConflictingFieldError(result.field, result.detail)
         raise ConflictError(result.detail)
     return result.decision
 

@@ -539,7 +539,7 @@ def ticks(sf) -> list[int]:
 
 
 def list_ticks(sf, **kwargs):
-    args = {"deployment": "demo", "since": None, "until": None, "cursor": None, "limit": 100} | kwargs
+    args = {"deployment": "demo", "since": None, "until": None, "before": None, "limit": 100} | kwargs
     with sf() as s:
         return [tk.record["n"] for tk in tstore.list_ticks(s, **args)]
 
@@ -554,23 +554,23 @@ def list_ticks(sf, **kwargs):
         pytest.param({"until": t(30)}, [0, 1, 2], id="until-exclusive"),
         pytest.param({"since": t(25), "until": t(55)}, [3, 4, 5], id="since-until"),
         pytest.param({"since": t(1000)}, [], id="since-after-all"),
-        pytest.param({"limit": 3}, [0, 1, 2], id="limit"),
+        pytest.param({"limit": 3}, [7, 8, 9], id="limit-keeps-the-newest"),
     ],
 )
 def test_list_ticks_filters(sf, ticks, filters, expected):
     assert list_ticks(sf, **filters) == expected
 
 
-def test_list_ticks_cursor_pagination(sf, ticks):
-    pages, cursor = [], None
+def test_list_ticks_pages_back_from_the_newest(sf, ticks):
+    pages, before = [], None
     while True:
         with sf() as s:
-            rows = tstore.list_ticks(s, deployment="demo", since=t(10), until=None, cursor=cursor, limit=4)
+            rows = tstore.list_ticks(s, deployment="demo", since=t(10), until=None, before=before, limit=4)
         if not rows:
             break
         pages.append([r.record["n"] for r in rows])
-        cursor = rows[-1].id
-    assert pages == [[1, 2, 3, 4], [5, 6, 7, 8], [9]]
+        before = rows[0].id
+    assert pages == [[6, 7, 8, 9], [2, 3, 4, 5], [1]]
 
 
 def test_last_tick(sf, ticks):
