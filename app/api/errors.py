@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
 from http import HTTPStatus
 from typing import Any
 
@@ -108,6 +110,23 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     return out
 
 
+@functools.lru_cache(maxsize=256)
+def _path_pattern(template: str) -> re.Pattern[str]:
+    return re.compile(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)))
+
+
+def _allowed_methods(request: Request) -> list[str] | None:
+    """The methods the OpenAPI document lists for the request's path (None if it lists none)."""
+    paths: dict[str, dict[str, Any]] = request.app.openapi().get("paths", {})
+    path = request.url.path
+    if path in paths:  # /decisions/wait before /decisions/{id}, as the router matches them
+        return sorted(method.upper() for method in paths[path])
+    for template, operations in paths.items():
+        if _path_pattern(template).fullmatch(path):
+            return sorted(method.upper() for method in operations)
+    return None
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -125,9 +144,13 @@ def install_error_handlers(app: FastAPI) -> None:
             cause = exc.__cause__
             detail = f"body: cannot be parsed ({type(cause).__name__}: {str(cause)[:200]})"
             errors = [{"field": "body", "message": detail.removeprefix("body: ")}]
-        return problem(
-            exc.status_code, detail, request=request, errors=errors, headers=getattr(exc, "headers", None)
-        )
+        headers = getattr(exc, "headers", None)
+        allowed = _allowed_methods(request) if exc.status_code == 405 else None
+        if allowed:
+            # Starlette names only the methods of the first route of the path (POST /override),
+            # not all of them (GET and POST).
+            headers = {**(headers or {}), "Allow": ", ".join(allowed)}
+        return problem(exc.status_code, detail, request=request, errors=errors, headers=headers)
 
     @app.exception_handler(NotFoundError)
     async def _not_found(request: Request, exc: NotFoundError) -> JSONResponse:
