@@ -15,7 +15,7 @@ from fastapi.routing import APIRoute
 
 from app import __version__
 from app.api.body_limit import BodyLimitMiddleware
-from app.api.convert import encode_decision
+from app.api.convert import ResponseCache, encode_decision
 from app.api.errors import install_error_handlers
 from app.api.openapi import add_problem_schema
 from app.api.routes import decisions, diagnostics, health, overrides, plan
@@ -134,6 +134,7 @@ def create_app(
         clock = ScaledClock(settings.time_scale)
     app.state.clock = clock or SystemClock()
     app.state.metrics = metrics
+    app.state.decision_pages = ResponseCache()
     app.state.profile_roots = [Path(p).resolve() for p in settings.profile_roots.split(",") if p.strip()] + [
         (base_dir / d.profile).resolve() for d in deployments.deployments if d.profile
     ]

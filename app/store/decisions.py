@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import Connection, RowMapping, bindparam, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -109,6 +109,63 @@ def list_decisions(
     if cursor is not None:
         query = query.where(Decision.pk > cursor)
     return list(session.scalars(query))
+
+
+# What a decision's response body holds, as plain rows (keys: pk, id, deployment, ...).
+DECISION_ROW_COLUMNS = (
+    Decision.pk,
+    Decision.decision_id.label("id"),
+    Decision.deployment,
+    Decision.num_prefill,
+    Decision.num_decode,
+    Decision.num_workers,
+    Decision.source,
+    Decision.reasons,
+    Decision.created_at,
+    Decision.status,
+    Decision.status_reason,
+    Decision.completed_at,
+    Decision.observed,
+    Decision.message,
+    Decision.tick_id,
+    Decision.override_id,
+)
+
+
+def decisions_version(session: Session | Connection, deployment: str | None) -> tuple[tuple[str, int], ...]:
+    """What changes whenever the decisions of `deployment` (of every deployment, for None) do:
+    each write to them first bumps the deployment's `write_seq`, in the same transaction. Equal
+    versions mean equal decisions, so a response built from them can be served again."""
+    if deployment is None:
+        return tuple((name, seq) for name, seq in session.execute(_ALL_VERSIONS))
+    return tuple((name, seq) for name, seq in session.execute(_ONE_VERSION, {"name": deployment}))
+
+
+# Built once: the page polled most runs this on every request.
+_ALL_VERSIONS = select(DeploymentState.name, DeploymentState.write_seq).order_by(DeploymentState.name)
+_ONE_VERSION = _ALL_VERSIONS.where(DeploymentState.name == bindparam("name"))
+
+
+def list_decision_rows(
+    session: Session | Connection,
+    *,
+    deployment: str | None = None,
+    after: int | None = None,
+    status: DecisionStatus | None = None,
+    cursor: int | None = None,
+    limit: int = 100,
+) -> list[RowMapping]:
+    """`list_decisions` as mappings of DECISION_ROW_COLUMNS, without building ORM objects."""
+    query = select(*DECISION_ROW_COLUMNS).order_by(Decision.pk).limit(limit)
+    if deployment is not None:
+        query = query.where(Decision.deployment == deployment)
+    if after is not None:
+        query = query.where(Decision.decision_id > after)
+    if status is not None:
+        query = query.where(Decision.status == str(status))
+    if cursor is not None:
+        query = query.where(Decision.pk > cursor)
+    return list(session.execute(query).mappings())
 
 
 @dataclass(frozen=True)

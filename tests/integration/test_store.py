@@ -276,21 +276,26 @@ def test_complete_applies_repeats_and_conflicts_and_keeps_every_ack(sf):
     )
     assert acks(sf) == [("succeeded", "applied", "orchestrator")]
 
-    assert complete(sf, 1, DecisionStatus.SUCCEEDED, observed={"prefill": 1, "decode": 1}, at=8) == (
+    assert complete(sf, 1, DecisionStatus.SUCCEEDED, observed={"prefill": 3, "decode": 5}, at=8) == (
         "repeated",
+        "succeeded",
+    )
+    # The same status with other observed replicas would be dropped silently: a conflict.
+    assert complete(sf, 1, DecisionStatus.SUCCEEDED, observed={"prefill": 1, "decode": 1}, at=8) == (
+        "conflict",
         "succeeded",
     )
     d = decision(sf, 1)
     assert (d.completed_at, d.observed) == (t(7), {"prefill": 3, "decode": 5})  # unchanged
-    assert acks(sf) == [("succeeded", "applied", "orchestrator"), ("succeeded", "repeated", "orchestrator")]
-
-    assert complete(sf, 1, DecisionStatus.FAILED, at=9) == ("conflict", "succeeded")
-    assert decision(sf, 1).status == "succeeded"
     assert acks(sf) == [
         ("succeeded", "applied", "orchestrator"),
         ("succeeded", "repeated", "orchestrator"),
-        ("failed", "conflict", "orchestrator"),
+        ("succeeded", "conflict", "orchestrator"),
     ]
+
+    assert complete(sf, 1, DecisionStatus.FAILED, at=9) == ("conflict", "succeeded")
+    assert decision(sf, 1).status == "succeeded"
+    assert acks(sf)[-1] == ("failed", "conflict", "orchestrator")
 
 
 def test_complete_or_raise_commits_the_conflicting_ack_then_raises(sf):
