@@ -447,6 +447,12 @@ class Settings(BaseSettings):
     # Demo knob: the service's clock is the one another process drives through this file
     # (`planner demo`'s simulated clock, app/workers/clock.py SharedClock); overrides time_scale.
     clock_file: str | None = None
+    # A request body above this is refused with 413 before it is read (JSON bodies here are small).
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1)
+    # Held GET /decisions/wait requests this process keeps at once, in total and per caller (one
+    # token; all loopback callers when no tokens are set); beyond them it answers 429.
+    max_held_longpolls: int = Field(default=1000, ge=1)
+    max_held_longpolls_per_caller: int = Field(default=200, ge=1)
 
     @field_validator("database_url")
     @classmethod

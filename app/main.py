@@ -14,10 +14,13 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from app import __version__
-from app.api.convert import encode_decision
+from app.api.body_limit import BodyLimitMiddleware
+from app.api.convert import ResponseCache, encode_decision
 from app.api.errors import install_error_handlers
+from app.api.openapi import add_problem_schema
 from app.api.routes import dashboard, decisions, diagnostics, docs, health, overrides, plan
 from app.api.routes import deployments as deployment_routes
+from app.api.shutdown import chain_shutdown_signals
 from app.config import DeploymentsFile, Settings, load_deployments
 from app.connectors.virtual import DecisionHub, PgDecisionListener
 from app.planner_setup import build_planner
@@ -58,8 +61,17 @@ def create_app(
         names = [d.name for d in deployments.deployments]
         with session_factory() as session, session.begin():
             ensure_deployments(session, names)
-        hub = DecisionHub(session_factory, metrics, encode=encode_decision)
+        hub = DecisionHub(
+            session_factory,
+            metrics,
+            encode=encode_decision,
+            max_held=settings.max_held_longpolls,
+            max_held_per_caller=settings.max_held_longpolls_per_caller,
+        )
         hub.bind(asyncio.get_running_loop())
+        # Held long-polls end with a 503 when the stop signal arrives, not when the server has
+        # waited out its graceful-shutdown timeout (app/api/shutdown.py).
+        unchain_signals = chain_shutdown_signals(asyncio.get_running_loop(), hub.drain)
         listener = None
         if is_postgres(engine):
             listener = PgDecisionListener(settings.database_url, hub, session_factory, names, metrics)
@@ -99,6 +111,8 @@ def create_app(
         try:
             yield
         finally:
+            unchain_signals()
+            hub.drain()
             for worker in workers.values():
                 await worker.stop()
             if listener is not None:
@@ -127,10 +141,13 @@ def create_app(
         clock = ScaledClock(settings.time_scale)
     app.state.clock = clock or SystemClock()
     app.state.metrics = metrics
+    app.state.decision_pages = ResponseCache()
     app.state.profile_roots = [Path(p).resolve() for p in settings.profile_roots.split(",") if p.strip()] + [
         (base_dir / d.profile).resolve() for d in deployments.deployments if d.profile
     ]
     install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     for module in (health, deployment_routes, decisions, diagnostics, overrides, plan, docs, dashboard):
         app.include_router(module.router)
+    add_problem_schema(app)
     return app

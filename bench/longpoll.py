@@ -215,7 +215,14 @@ async def list_throughput(getters: list[Getter], seconds: float) -> tuple[int, i
 
 async def run_backend(backend: str, url: str, workdir: Path, args: argparse.Namespace) -> BackendResult:
     config = write_config(workdir / f"planner-{backend}.yaml", demo_config())
-    proc = PlannerProcess(url, config, tokens=TOKENS, log_path=workdir / f"planner-{backend}.log")
+    proc = PlannerProcess(
+        url,
+        config,
+        tokens=TOKENS,
+        log_path=workdir / f"planner-{backend}.log",
+        # One token holds all the waiters; the default bound per caller is lower.
+        extra_env={"PLANNER_MAX_HELD_LONGPOLLS_PER_CALLER": str(max(args.waiters, 1))},
+    )
     proc.start()
     raw: list[RawConnection] = []
     pools: list[httpx.AsyncClient] = []

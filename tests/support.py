@@ -301,15 +301,20 @@ def start_or_fail(proc: PlannerProcess) -> PlannerProcess:
 
 
 @contextmanager
-def planner_starter(database_url: str, workdir: Path) -> Iterator[Callable[[], PlannerProcess]]:
-    """A function that starts `planner serve` on `database_url` with the demo config and TOKENS,
-    logging to `workdir`; every process it started is stopped on exit."""
+def planner_starter(database_url: str, workdir: Path) -> Iterator[Callable[..., PlannerProcess]]:
+    """A function that starts `planner serve` on `database_url` with the demo config and TOKENS
+    (and any `PLANNER_*` variables given to it), logging to `workdir`; every process it started
+    is stopped on exit."""
     config = write_config(workdir / "planner.yaml", demo_config())
     procs: list[PlannerProcess] = []
 
-    def start() -> PlannerProcess:
+    def start(**extra_env: str) -> PlannerProcess:
         proc = PlannerProcess(
-            database_url, config, tokens=TOKENS, log_path=workdir / f"planner-{len(procs)}.log"
+            database_url,
+            config,
+            tokens=TOKENS,
+            extra_env=extra_env,
+            log_path=workdir / f"planner-{len(procs)}.log",
         )
         procs.append(proc)
         return start_or_fail(proc)

@@ -6,8 +6,9 @@ local caller acts as an operator named `loopback`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
@@ -23,12 +24,14 @@ _bearer = HTTPBearer(
 )
 
 
+@functools.lru_cache(maxsize=256)  # a hash per request otherwise; only configured tokens get here
 def fingerprint(token: str) -> str:
     return "token:" + hashlib.sha256(token.encode()).hexdigest()[:10]
 
 
-def require(min_role: str) -> Callable[..., Actor]:
-    def dependency(
+def require(min_role: str) -> Callable[..., Awaitable[Actor]]:
+    # `async def`: it only looks up the token, and a plain `def` would cost a thread-pool hand-off.
+    async def dependency(
         request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
     ) -> Actor:
         tokens: dict[str, str] = request.app.state.tokens

@@ -27,15 +27,20 @@ class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class FieldError(BaseModel):
+    field: str = Field(description="The bad field: `body.num_prefill`, `query.timeout_s`, `deployment`")
+    message: str
+
+
 class Problem(BaseModel):
-    """RFC 9457 problem details."""
+    """RFC 9457 problem details, sent as `application/problem+json`."""
 
     type: str
     title: str
     status: int
     detail: str
     instance: str | None = None
-    errors: list[dict[str, Any]] | None = None
+    errors: list[FieldError] | None = None
 
 
 class DecisionOut(BaseModel):
@@ -76,7 +81,7 @@ class CompleteIn(_In):
 class _OverrideIn(_In):
     deployment: Text = Field(min_length=1, max_length=63)
     reason: Text = Field(min_length=1, max_length=2000)
-    expires_in_s: float | None = Field(default=None, gt=0, le=_MAX_EXPIRY_S)
+    expires_in_s: float | None = Field(default=None, gt=0, le=_MAX_EXPIRY_S, allow_inf_nan=False)
 
 
 class PinIn(_OverrideIn):

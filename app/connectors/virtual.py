@@ -6,6 +6,11 @@ NOTIFY every writer sends inside its transaction, so a decision stored by anothe
 process wakes the waiters here too. Waking never needs a query per waiter: the hub caches the
 newest decision per deployment, already encoded as the response body, and every waiter of that
 deployment sends the same bytes.
+
+The hub also bounds how many long-polls it holds, per caller and in total (beyond the bound a
+caller is told to retry: `TooBusyError`), and `drain()` ends every held long-poll at once when
+the process stops (`ShuttingDownError`), so a stopping planner never keeps an orchestrator
+waiting for a decision it will not deliver.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import psycopg
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.core.errors import ShuttingDownError, TooBusyError
 from app.reports.metrics import PlannerMetrics
 from app.store.decisions import (
     NOTIFY_CHANNEL,
@@ -34,6 +40,11 @@ log = logging.getLogger(__name__)
 
 # How often the listener thread looks up from its socket to see whether it should stop.
 _STOP_POLL_S = 0.2
+# A refused long-poll retries after this long: held ones end at their timeout or with a decision.
+BUSY_RETRY_AFTER_S = 5
+# A long-poll ended by a stopping process retries after this long, on another process or this one
+# restarted.
+DRAIN_RETRY_AFTER_S = 1
 
 
 class DecisionHub:
@@ -42,15 +53,23 @@ class DecisionHub:
         session_factory: sessionmaker[Session],
         metrics: PlannerMetrics,
         encode: Callable[[Decision], bytes],
+        *,
+        max_held: int | None = None,
+        max_held_per_caller: int | None = None,
     ) -> None:
         self._sf = session_factory
         self._metrics = metrics
         self._encode = encode
+        self._max_held = max_held
+        self._max_held_per_caller = max_held_per_caller
         self._loop: asyncio.AbstractEventLoop | None = None
         self._latest: dict[str, tuple[int, bytes]] = {}
         self._events: dict[str, asyncio.Event] = {}
         self._subscribers: dict[str, list[Callable[[int], Awaitable[None]]]] = {}
         self._callbacks: set[asyncio.Future[None]] = set()
+        self._held = 0
+        self._held_by_caller: dict[str, int] = {}
+        self._draining = False
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -109,18 +128,76 @@ class DecisionHub:
         body = self._encode(decision)  # once, in the writer's thread, not per waiter
         self._loop.call_soon_threadsafe(self._publish, decision.deployment, decision.decision_id, body)
 
-    async def wait(self, deployment: str, after: int, timeout_s: float) -> bytes | None:
+    @property
+    def held(self) -> int:
+        """Long-polls held right now (what the dynamo_planner_decision_waiters gauge shows)."""
+        return self._held
+
+    def drain(self) -> None:
+        """On the event loop: end every held long-poll with `ShuttingDownError`, and refuse new
+        ones, because this process is stopping. Idempotent."""
+        if self._draining:
+            return
+        self._draining = True
+        log.info("stopping: ending %d held long-poll(s)", self._held)
+        for event in self._events.values():
+            event.set()  # every waiter wakes, sees the drain and answers 503
+        self._events.clear()
+
+    def _shutting_down(self) -> ShuttingDownError:
+        return ShuttingDownError(
+            "this planner process is stopping; poll again", retry_after_s=DRAIN_RETRY_AFTER_S
+        )
+
+    def _admit(self, caller: str) -> None:
+        if self._max_held is not None and self._held >= self._max_held:
+            raise TooBusyError(
+                f"{self._held} long-polls are held, the most this process holds "
+                "(PLANNER_MAX_HELD_LONGPOLLS); retry later",
+                retry_after_s=BUSY_RETRY_AFTER_S,
+            )
+        mine = self._held_by_caller.get(caller, 0)
+        if self._max_held_per_caller is not None and mine >= self._max_held_per_caller:
+            raise TooBusyError(
+                f"this caller already holds {mine} long-polls, the most one caller may hold "
+                "(PLANNER_MAX_HELD_LONGPOLLS_PER_CALLER); retry later",
+                retry_after_s=BUSY_RETRY_AFTER_S,
+            )
+        self._held += 1
+        self._held_by_caller[caller] = mine + 1
+        self._metrics.waiters.inc()
+
+    def _release(self, caller: str) -> None:
+        self._held -= 1
+        left = self._held_by_caller[caller] - 1
+        if left:
+            self._held_by_caller[caller] = left
+        else:
+            del self._held_by_caller[caller]
+        self._metrics.waiters.dec()
+
+    async def wait(self, deployment: str, after: int, timeout_s: float, *, caller: str = "") -> bytes | None:
         """The latest decision with id > `after` (as the JSON response body), at once or as soon
-        as one is stored; None at the timeout."""
+        as one is stored; None at the timeout.
+
+        Only a request that has to be held counts against the bounds (`TooBusyError` beyond them,
+        for `caller` or in total); one answered at once is never refused. Cancelling the call (the
+        client hung up) releases its place at once."""
+        if self._draining:
+            raise self._shutting_down()
         # Take the event before querying: a decision committed between the query and the
         # wait still sets this very event, so it cannot slip through.
         event = self._event(deployment)
         found = await asyncio.to_thread(self._query_after, deployment, after)
         if found is not None:
             return self._encode(found)
+        if self._draining:
+            raise self._shutting_down()
+        if timeout_s <= 0:
+            return None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        self._metrics.waiters.inc()
+        self._admit(caller)
         try:
             while True:
                 remaining = deadline - loop.time()
@@ -130,12 +207,14 @@ class DecisionHub:
                     await asyncio.wait_for(event.wait(), remaining)
                 except TimeoutError:
                     return None
+                if self._draining:
+                    raise self._shutting_down()
                 cached = self._latest.get(deployment)
                 if cached is not None and cached[0] > after:
                     return cached[1]
                 event = self._event(deployment)
         finally:
-            self._metrics.waiters.dec()
+            self._release(caller)
 
     def _query_after(self, deployment: str, after: int) -> Decision | None:
         with self._sf() as session:

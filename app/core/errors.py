@@ -1,5 +1,5 @@
 """Domain errors. Adapters translate infrastructure failures into these; the API maps them to
-problem documents (404, 409, 422)."""
+problem documents (404, 409, 422; 429 and 503 with a Retry-After)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,31 @@ class ConflictError(PlannerError):
     def __init__(self, detail: str) -> None:
         super().__init__(detail)
         self.detail = detail
+
+
+class ConflictingFieldError(ConflictError):
+    """A conflict caused by one field of the request (HTTP 409 naming it)."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{field}: {detail}")
+        self.field = field
+
+
+class RetryLaterError(PlannerError):
+    """The request is fine but cannot be served now; the caller should retry after `retry_after_s`."""
+
+    def __init__(self, detail: str, *, retry_after_s: int) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.retry_after_s = retry_after_s
+
+
+class TooBusyError(RetryLaterError):
+    """A bound on concurrent work of one kind is reached, for this caller or in total (HTTP 429)."""
+
+
+class ShuttingDownError(RetryLaterError):
+    """This process is stopping; another planner process, or this one restarted, answers (HTTP 503)."""
 
 
 class InvalidInputError(PlannerError):

@@ -35,7 +35,17 @@ def is_postgres(engine: Engine) -> bool:
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            # As many kept connections as threads can use them at once (the API's thread pool
+            # has 40): with the default 5, concurrent requests opened and closed overflow
+            # connections, each one setting its pragmas, a quarter of a GET /decisions page's
+            # CPU time under 32 clients (bench/api.py). An open SQLite connection costs a file
+            # handle and its page cache.
+            pool_size=40,
+            max_overflow=20,
+        )
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]

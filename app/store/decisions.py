@@ -12,12 +12,12 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import Connection, RowMapping, bindparam, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from app.core.errors import ConflictError, NotFoundError
+from app.core.errors import ConflictError, ConflictingFieldError, NotFoundError
 from app.core.protocol import ProtocolOutcome, Verdict, ack_overdue, judge
 from app.core.types import DecisionSource, DecisionStatus, DecisionView, Replicas, Role
 from app.store.models import Decision, DecisionAck, DeploymentState
@@ -109,6 +109,63 @@ def list_decisions(
     if cursor is not None:
         query = query.where(Decision.pk > cursor)
     return list(session.scalars(query))
+
+
+# What a decision's response body holds, as plain rows (keys: pk, id, deployment, ...).
+DECISION_ROW_COLUMNS = (
+    Decision.pk,
+    Decision.decision_id.label("id"),
+    Decision.deployment,
+    Decision.num_prefill,
+    Decision.num_decode,
+    Decision.num_workers,
+    Decision.source,
+    Decision.reasons,
+    Decision.created_at,
+    Decision.status,
+    Decision.status_reason,
+    Decision.completed_at,
+    Decision.observed,
+    Decision.message,
+    Decision.tick_id,
+    Decision.override_id,
+)
+
+
+def decisions_version(session: Session | Connection, deployment: str | None) -> tuple[tuple[str, int], ...]:
+    """What changes whenever the decisions of `deployment` (of every deployment, for None) do:
+    each write to them first bumps the deployment's `write_seq`, in the same transaction. Equal
+    versions mean equal decisions, so a response built from them can be served again."""
+    if deployment is None:
+        return tuple((name, seq) for name, seq in session.execute(_ALL_VERSIONS))
+    return tuple((name, seq) for name, seq in session.execute(_ONE_VERSION, {"name": deployment}))
+
+
+# Built once: the page polled most runs this on every request.
+_ALL_VERSIONS = select(DeploymentState.name, DeploymentState.write_seq).order_by(DeploymentState.name)
+_ONE_VERSION = _ALL_VERSIONS.where(DeploymentState.name == bindparam("name"))
+
+
+def list_decision_rows(
+    session: Session | Connection,
+    *,
+    deployment: str | None = None,
+    after: int | None = None,
+    status: DecisionStatus | None = None,
+    cursor: int | None = None,
+    limit: int = 100,
+) -> list[RowMapping]:
+    """`list_decisions` as mappings of DECISION_ROW_COLUMNS, without building ORM objects."""
+    query = select(*DECISION_ROW_COLUMNS).order_by(Decision.pk).limit(limit)
+    if deployment is not None:
+        query = query.where(Decision.deployment == deployment)
+    if after is not None:
+        query = query.where(Decision.decision_id > after)
+    if status is not None:
+        query = query.where(Decision.status == str(status))
+    if cursor is not None:
+        query = query.where(Decision.pk > cursor)
+    return list(session.execute(query).mappings())
 
 
 @dataclass(frozen=True)
@@ -204,6 +261,7 @@ class CompletionResult:
     decision: Decision
     outcome: str  # applied | repeated | conflict
     detail: str
+    field: str | None = None  # the field of the acknowledgement a conflict is about, if one is
 
 
 def complete_decision(
@@ -218,17 +276,26 @@ def complete_decision(
     now: datetime,
 ) -> CompletionResult:
     """Record an acknowledgement. Only a pending decision changes status; repeating the same
-    acknowledgement is harmless; every acknowledgement is kept, even one that conflicts."""
+    acknowledgement (status and observed replicas; the message may differ) is harmless, and
+    one that reports other observed replicas conflicts, since they would be dropped silently;
+    every acknowledgement is kept, even one that conflicts."""
     lock_deployment(session, deployment)
     decision = get_decision_or_raise(session, deployment, decision_id)
+    field = None
     if decision.status == DecisionStatus.PENDING:
         decision.status = str(status)
         decision.completed_at = now
         decision.observed = observed
         decision.message = message
         outcome, detail = "applied", f"decision {decision_id} {status}"
-    elif decision.status == status:
+    elif decision.status == status and (decision.observed or None) == (observed or None):
         outcome, detail = "repeated", f"decision {decision_id} was already {status}"
+    elif decision.status == status:
+        outcome, field = "conflict", "body.observed"
+        detail = (
+            f"decision {decision_id} was already acknowledged as {status} with observed "
+            f"{_replicas_text(decision.observed)}; this acknowledgement reports {_replicas_text(observed)}"
+        )
     else:
         outcome = "conflict"
         why = f" ({decision.status_reason})" if decision.status_reason else ""
@@ -244,7 +311,11 @@ def complete_decision(
             outcome=outcome,
         )
     )
-    return CompletionResult(decision, outcome, detail)
+    return CompletionResult(decision, outcome, detail, field)
+
+
+def _replicas_text(observed: dict[str, int] | None) -> str:
+    return ", ".join(f"{role}={n}" for role, n in sorted(observed.items())) if observed else "nothing"
 
 
 def complete_decision_or_raise(session: Session, **kwargs) -> Decision:  # type: ignore[no-untyped-def]
@@ -252,6 +323,8 @@ def complete_decision_or_raise(session: Session, **kwargs) -> Decision:  # type:
     result = complete_decision(session, **kwargs)
     session.commit()
     if result.outcome == "conflict":
+        if result.field is not None:
+            raise ConflictingFieldError(result.field, result.detail)
         raise ConflictError(result.detail)
     return result.decision
 

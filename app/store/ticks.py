@@ -26,19 +26,21 @@ def list_ticks(
     deployment: str | None,
     since: datetime | None,
     until: datetime | None,
-    cursor: int | None,
+    before: int | None,
     limit: int,
 ) -> list[Tick]:
-    query = select(Tick).order_by(Tick.id).limit(limit)
+    """The newest `limit` ticks of the range with an id below `before` (if given), oldest first:
+    a dashboard asks for the latest ticks, and pages back from the oldest one it got."""
+    query = select(Tick).order_by(Tick.id.desc()).limit(limit)
     if deployment is not None:
         query = query.where(Tick.deployment == deployment)
     if since is not None:
         query = query.where(Tick.at >= since)
     if until is not None:
         query = query.where(Tick.at < until)
-    if cursor is not None:
-        query = query.where(Tick.id > cursor)
-    return list(session.scalars(query))
+    if before is not None:
+        query = query.where(Tick.id < before)
+    return list(reversed(session.scalars(query).all()))
 
 
 def last_tick(session: Session, deployment: str) -> Tick | None:

@@ -165,7 +165,8 @@ async def _ticks(api, count=6, every_s=60):
         ),
         pytest.param({"since": "2026-11-29T13:02:00+01:00"}, [2, 3, 4, 5], id="since-other-zone"),
         pytest.param({"since": "2026-11-29T13:00:00Z"}, [], id="since-after-all"),
-        pytest.param({"limit": 2}, [0, 1], id="limit"),
+        pytest.param({"limit": 2}, [4, 5], id="limit-keeps-the-newest"),
+        pytest.param({"since": "1795953660"}, [1, 2, 3, 4, 5], id="since-unix-time"),
     ],
 )
 async def test_diagnostics_filters(make_api, params, expected):
@@ -186,7 +187,8 @@ async def test_diagnostics_cursor_pagination(make_api):
         if body["next_cursor"] is None:
             break
         params = {**params, "cursor": body["next_cursor"]}
-    assert pages == [ids[1:4], ids[4:7]]
+    # Newest first, each page in chronological order.
+    assert pages == [ids[4:7], ids[1:4]]
 
 
 async def test_diagnostics_until_not_after_since_is_422(make_api):

@@ -91,3 +91,47 @@ def test_operation_ids() -> None:
     document = json.loads(OPENAPI_JSON.read_text())
     ids = [op["operationId"] for path in document["paths"].values() for op in path.values()]
     assert sorted(ids) == sorted(EXPECTED_OPERATION_IDS), "operation ids are part of the contract"
+
+
+# Readiness is a report, not an error document: its 503 carries the same body as its 200.
+_NOT_PROBLEMS = {("/readyz", "get", "503")}
+
+
+def test_every_error_is_documented_as_a_problem_document() -> None:
+    document = json.loads(OPENAPI_JSON.read_text())
+    wrong = []
+    for path, operations in document["paths"].items():
+        for method, op in operations.items():
+            for status, response in op["responses"].items():
+                if int(status) < 400 or (path, method, status) in _NOT_PROBLEMS:
+                    continue
+                content = response.get("content", {})
+                if list(content) != ["application/problem+json"] or content["application/problem+json"][
+                    "schema"
+                ] != {"$ref": "#/components/schemas/Problem"}:
+                    wrong.append(f"{method.upper()} {path} {status}: {sorted(content)}")
+    assert wrong == []
+
+
+def test_the_statuses_the_server_can_send_are_documented() -> None:
+    document = json.loads(OPENAPI_JSON.read_text())
+    for path, operations in document["paths"].items():
+        for method, op in operations.items():
+            statuses = set(op["responses"])
+            if "requestBody" in op:
+                # An unparseable body, one over PLANNER_MAX_BODY_BYTES.
+                assert {"400", "413", "422"} <= statuses, (method, path)
+            if op.get("security"):
+                assert {"401", "403"} <= statuses, (method, path)
+    wait = document["paths"]["/decisions/wait"]["get"]["responses"]
+    assert {"204", "429", "503"} <= set(wait)
+    assert "Retry-After" in wait["429"]["headers"] and "Retry-After" in wait["503"]["headers"]
+
+
+def test_diagnostics_times_may_be_unix_times() -> None:
+    document = json.loads(OPENAPI_JSON.read_text())
+    for path in ("/diagnostics", "/diagnostics/report"):
+        for param in document["paths"][path]["get"]["parameters"]:
+            if param["name"] in ("since", "until"):
+                assert {"type": "number"} in param["schema"]["anyOf"], (path, param)
+                assert "Unix time" in param["description"], (path, param)

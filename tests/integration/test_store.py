@@ -276,21 +276,26 @@ def test_complete_applies_repeats_and_conflicts_and_keeps_every_ack(sf):
     )
     assert acks(sf) == [("succeeded", "applied", "orchestrator")]
 
-    assert complete(sf, 1, DecisionStatus.SUCCEEDED, observed={"prefill": 1, "decode": 1}, at=8) == (
+    assert complete(sf, 1, DecisionStatus.SUCCEEDED, observed={"prefill": 3, "decode": 5}, at=8) == (
         "repeated",
+        "succeeded",
+    )
+    # The same status with other observed replicas would be dropped silently: a conflict.
+    assert complete(sf, 1, DecisionStatus.SUCCEEDED, observed={"prefill": 1, "decode": 1}, at=8) == (
+        "conflict",
         "succeeded",
     )
     d = decision(sf, 1)
     assert (d.completed_at, d.observed) == (t(7), {"prefill": 3, "decode": 5})  # unchanged
-    assert acks(sf) == [("succeeded", "applied", "orchestrator"), ("succeeded", "repeated", "orchestrator")]
-
-    assert complete(sf, 1, DecisionStatus.FAILED, at=9) == ("conflict", "succeeded")
-    assert decision(sf, 1).status == "succeeded"
     assert acks(sf) == [
         ("succeeded", "applied", "orchestrator"),
         ("succeeded", "repeated", "orchestrator"),
-        ("failed", "conflict", "orchestrator"),
+        ("succeeded", "conflict", "orchestrator"),
     ]
+
+    assert complete(sf, 1, DecisionStatus.FAILED, at=9) == ("conflict", "succeeded")
+    assert decision(sf, 1).status == "succeeded"
+    assert acks(sf)[-1] == ("failed", "conflict", "orchestrator")
 
 
 def test_complete_or_raise_commits_the_conflicting_ack_then_raises(sf):
@@ -539,7 +544,7 @@ def ticks(sf) -> list[int]:
 
 
 def list_ticks(sf, **kwargs):
-    args = {"deployment": "demo", "since": None, "until": None, "cursor": None, "limit": 100} | kwargs
+    args = {"deployment": "demo", "since": None, "until": None, "before": None, "limit": 100} | kwargs
     with sf() as s:
         return [tk.record["n"] for tk in tstore.list_ticks(s, **args)]
 
@@ -554,23 +559,23 @@ def list_ticks(sf, **kwargs):
         pytest.param({"until": t(30)}, [0, 1, 2], id="until-exclusive"),
         pytest.param({"since": t(25), "until": t(55)}, [3, 4, 5], id="since-until"),
         pytest.param({"since": t(1000)}, [], id="since-after-all"),
-        pytest.param({"limit": 3}, [0, 1, 2], id="limit"),
+        pytest.param({"limit": 3}, [7, 8, 9], id="limit-keeps-the-newest"),
     ],
 )
 def test_list_ticks_filters(sf, ticks, filters, expected):
     assert list_ticks(sf, **filters) == expected
 
 
-def test_list_ticks_cursor_pagination(sf, ticks):
-    pages, cursor = [], None
+def test_list_ticks_pages_back_from_the_newest(sf, ticks):
+    pages, before = [], None
     while True:
         with sf() as s:
-            rows = tstore.list_ticks(s, deployment="demo", since=t(10), until=None, cursor=cursor, limit=4)
+            rows = tstore.list_ticks(s, deployment="demo", since=t(10), until=None, before=before, limit=4)
         if not rows:
             break
         pages.append([r.record["n"] for r in rows])
-        cursor = rows[-1].id
-    assert pages == [[1, 2, 3, 4], [5, 6, 7, 8], [9]]
+        before = rows[0].id
+    assert pages == [[6, 7, 8, 9], [2, 3, 4, 5], [1]]
 
 
 def test_last_tick(sf, ticks):

@@ -7,28 +7,26 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Path, Query, Request, Response
 
 from app.api.auth import Orchestrator, Viewer
-from app.api.convert import decision_out
+from app.api.convert import ResponseCache, decision_out, encode_decision_page
 from app.api.deps import (
     DeploymentsDep,
+    EngineDep,
     HubDep,
     NowDep,
     SessionDep,
     deployment_for_decision,
     deployment_or_raise,
 )
-from app.api.schemas import MAX_ID, CompleteIn, DecisionOut, DecisionPage, Problem
+from app.api.disconnect import ClientGone, unless_client_leaves
+from app.api.errors import problem_responses
+from app.api.schemas import MAX_ID, CompleteIn, DecisionOut, DecisionPage
 from app.core.errors import InvalidInputError
 from app.core.types import DecisionStatus
 from app.store import decisions as store
 
 router = APIRouter(prefix="/decisions", tags=["decisions"])
 
-_ERRORS = {
-    401: {"model": Problem},
-    403: {"model": Problem},
-    404: {"model": Problem},
-    422: {"model": Problem},
-}
+_ERRORS = problem_responses(401, 403, 404, 422, 503)
 DecisionId = Annotated[int, Path(ge=1, le=MAX_ID, description="Decision id, per deployment")]
 DeploymentQuery = Annotated[
     str | None, Query(max_length=63, description="Required when more than one deployment is configured")
@@ -37,7 +35,8 @@ DeploymentQuery = Annotated[
 
 @router.get("", name="list_decisions", response_model=DecisionPage, responses=_ERRORS)
 def list_decisions(
-    session: SessionDep,
+    request: Request,
+    engine: EngineDep,
     deployments: DeploymentsDep,
     _: Viewer,
     deployment: Annotated[str | None, Query(max_length=63)] = None,
@@ -50,30 +49,63 @@ def list_decisions(
 ) -> DecisionPage:
     if deployment is not None:
         deployment_or_raise(deployments, deployment)
-    rows = store.list_decisions(
-        session, deployment=deployment, after=after, status=status, cursor=cursor, limit=limit + 1
-    )
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return DecisionPage(items=[decision_out(d) for d in rows], next_cursor=rows[-1].pk if more else None)
+    # Dashboards poll this page (bench/api.py). While the decisions' version stays the same, the
+    # page is the one already written: one primary-key read instead of the page's rows. Both reads
+    # run on one plain connection, opened and closed here: no ORM session, and one thread-pool
+    # hand-off for the request (SessionDep would close its session in a second one).
+    cache: ResponseCache = request.app.state.decision_pages
+    with engine.connect() as conn:
+        key = (deployment, after, status, cursor, limit, store.decisions_version(conn, deployment))
+        page = cache.get(key)
+        if page is None:
+            rows = store.list_decision_rows(
+                conn, deployment=deployment, after=after, status=status, cursor=cursor, limit=limit + 1
+            )
+            more = len(rows) > limit
+            rows = rows[:limit]
+            page = encode_decision_page(rows, rows[-1]["pk"] if more else None)
+            cache.put(key, page)
+    # As written: not validated again as a DecisionPage (encode_decision_page follows its schema).
+    return Response(page, media_type="application/json")  # type: ignore[return-value]
 
 
 @router.get(
     "/wait",
     name="wait_for_decision",
     response_model=DecisionOut,
-    responses={**_ERRORS, 204: {"description": "No newer decision before the timeout"}},
+    responses={
+        204: {"description": "No newer decision before the timeout"},
+        **_ERRORS,
+        **problem_responses(
+            429,
+            503,
+            _503="This process is stopping (the held request ends at once), or the database is "
+            "unavailable; poll again after Retry-After seconds",
+        ),
+    },
 )
 async def wait_for_decision(
+    request: Request,
     deployments: DeploymentsDep,
     hub: HubDep,
-    _: Orchestrator,
+    actor: Orchestrator,
     deployment: DeploymentQuery = None,
     after: Annotated[int, Query(ge=0, le=MAX_ID, description="Last decision id seen; 0 = none")] = 0,
-    timeout_s: Annotated[float, Query(ge=0, le=300)] = 30.0,
+    timeout_s: Annotated[
+        float, Query(ge=0, le=300, allow_inf_nan=False, description="How long to hold the request")
+    ] = 30.0,
 ) -> DecisionOut | Response:
+    """The latest decision with an id above `after` at once, else the next one stored within
+    `timeout_s` (204 when none is). A held request counts against the bounds on held long-polls
+    (PLANNER_MAX_HELD_LONGPOLLS, and _PER_CALLER for one token): beyond them, 429. A client that
+    hangs up is let go at once."""
     config = deployment_for_decision(deployments, deployment)
-    body = await hub.wait(config.name, after, timeout_s)
+    try:
+        body = await unless_client_leaves(
+            request.receive, hub.wait(config.name, after, timeout_s, caller=actor.name)
+        )
+    except ClientGone:
+        return Response(status_code=204)  # nobody reads it: the connection is closed
     if body is None:
         return Response(status_code=204)
     return Response(body, media_type="application/json")
@@ -95,7 +127,16 @@ def get_decision(
     "/{id}/complete",
     name="complete_decision",
     response_model=DecisionOut,
-    responses={**_ERRORS, 409: {"model": Problem, "description": "The decision is no longer pending"}},
+    responses={
+        **_ERRORS,
+        **problem_responses(
+            400,
+            409,
+            413,
+            _409="The decision is no longer pending, or was acknowledged with another status or "
+            "other observed replicas",
+        ),
+    },
 )
 def complete_decision(
     request: Request,

@@ -11,7 +11,8 @@ from sqlalchemy.orm import Session
 from app.api.auth import Viewer
 from app.api.convert import decision_out, override_out
 from app.api.deps import DeploymentsDep, NowDep, SessionDep, deployment_or_raise
-from app.api.schemas import DeploymentOut, Problem, RoleSummary, WorkerState
+from app.api.errors import problem_responses
+from app.api.schemas import DeploymentOut, RoleSummary, WorkerState
 from app.config import DeploymentConfig
 from app.store import decisions as decision_store
 from app.store import overrides as override_store
@@ -57,7 +58,7 @@ def _summary(request: Request, session: Session, config: DeploymentConfig, now: 
     "",
     name="list_deployments",
     response_model=list[DeploymentOut],
-    responses={401: {"model": Problem}, 403: {"model": Problem}},
+    responses=problem_responses(401, 403, 503),
 )
 def list_deployments(
     request: Request, session: SessionDep, deployments: DeploymentsDep, now: NowDep, _: Viewer
@@ -69,7 +70,7 @@ def list_deployments(
     "/{name}",
     name="get_deployment",
     response_model=DeploymentOut,
-    responses={401: {"model": Problem}, 403: {"model": Problem}, 404: {"model": Problem}},
+    responses=problem_responses(401, 403, 404, 422, 503),
 )
 def get_deployment(
     request: Request,

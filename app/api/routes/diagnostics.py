@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse
@@ -11,7 +11,8 @@ from fastapi.responses import HTMLResponse
 from app.api.auth import Viewer
 from app.api.convert import tick_out
 from app.api.deps import DeploymentsDep, SessionDep, deployment_or_raise
-from app.api.schemas import MAX_ID, Problem, TickPage
+from app.api.errors import problem_responses
+from app.api.schemas import MAX_ID, TickPage
 from app.config import DeploymentConfig, DeploymentsFile
 from app.core.errors import InvalidInputError
 from app.reports.diagnostics_html import render_diagnostics_report
@@ -22,6 +23,18 @@ from app.store import ticks as store
 MAX_REPORT_TICKS = 50_000
 
 router = APIRouter(tags=["diagnostics"])
+
+
+# A time may be given either way; pydantic reads a number as Unix time (seconds; above 2e10,
+# milliseconds), and the schema says so, so that neither form surprises a client.
+_TIME_FORMS = "ISO 8601 with a time zone (2026-11-29T18:00:00Z) or Unix time in seconds (1795975200)"
+_TIME_SCHEMA = {"anyOf": [{"type": "string", "format": "date-time"}, {"type": "number"}, {"type": "null"}]}
+Since = Annotated[
+    datetime | None, Query(description=f"Inclusive; {_TIME_FORMS}", json_schema_extra=_TIME_SCHEMA)
+]
+Until = Annotated[
+    datetime | None, Query(description=f"Exclusive; {_TIME_FORMS}", json_schema_extra=_TIME_SCHEMA)
+]
 
 
 def _utc(field: str, value: datetime | None) -> datetime | None:
@@ -46,39 +59,32 @@ def _range(since: datetime | None, until: datetime | None) -> tuple[datetime | N
     "/diagnostics",
     name="list_diagnostics",
     response_model=TickPage,
-    responses={
-        401: {"model": Problem},
-        403: {"model": Problem},
-        404: {"model": Problem},
-        422: {"model": Problem},
-    },
+    responses=problem_responses(401, 403, 404, 422, 503),
 )
 def list_diagnostics(
     session: SessionDep,
     deployments: DeploymentsDep,
     _: Viewer,
     deployment: Annotated[str | None, Query(max_length=63)] = None,
-    since: Annotated[datetime | None, Query(description="Inclusive, ISO 8601 with a time zone")] = None,
-    until: Annotated[datetime | None, Query(description="Exclusive, ISO 8601 with a time zone")] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    since: Since = None,
+    until: Until = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="The newest this many ticks of the range")] = 100,
     cursor: Annotated[
-        int | None, Query(ge=0, le=MAX_ID, description="next_cursor of the previous page")
+        int | None,
+        Query(ge=0, le=MAX_ID, description="next_cursor of the previous page: the ticks before those"),
     ] = None,
 ) -> TickPage:
+    """The newest `limit` ticks of the range, oldest first. `next_cursor` (when older ticks
+    remain) is the id of the oldest one shown; pass it as `cursor` for the page before."""
     if deployment is not None:
         deployment_or_raise(deployments, deployment)
     since, until = _range(since, until)
     rows = store.list_ticks(
-        session, deployment=deployment, since=since, until=until, cursor=cursor, limit=limit + 1
+        session, deployment=deployment, since=since, until=until, before=cursor, limit=limit + 1
     )
     more = len(rows) > limit
-    rows = rows[:limit]
-    return TickPage(items=[tick_out(t) for t in rows], next_cursor=rows[-1].id if more else None)
-
-
-_PROBLEM_RESPONSE: dict[str, Any] = {
-    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
-}
+    rows = rows[len(rows) - limit :] if more else rows
+    return TickPage(items=[tick_out(t) for t in rows], next_cursor=rows[0].id if more else None)
 
 
 def _report_deployment(deployments: DeploymentsFile, name: str | None) -> DeploymentConfig:
@@ -98,8 +104,7 @@ def _report_deployment(deployments: DeploymentsFile, name: str | None) -> Deploy
     response_class=HTMLResponse,
     responses={
         200: {"description": "A self-contained HTML page (plotly.js inline)", "content": {"text/html": {}}},
-        # Errors are problem documents as everywhere; `model=` would file them under text/html.
-        **{status: _PROBLEM_RESPONSE for status in (401, 403, 404, 422)},
+        **problem_responses(401, 403, 404, 422, 503),
     },
 )
 def diagnostics_report(
@@ -109,8 +114,8 @@ def diagnostics_report(
     deployment: Annotated[
         str | None, Query(max_length=63, description="Required when more than one deployment is configured")
     ] = None,
-    since: Annotated[datetime | None, Query(description="Inclusive, ISO 8601 with a time zone")] = None,
-    until: Annotated[datetime | None, Query(description="Exclusive, ISO 8601 with a time zone")] = None,
+    since: Since = None,
+    until: Until = None,
 ) -> HTMLResponse:
     """The stored ticks of one deployment as the reference's diagnostics report: replicas, load,
     latencies against the SLA, per-engine queues and the decisions by reason, on one time axis.

@@ -2,14 +2,36 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy.exc import DBAPIError
 
 from app.api.schemas import Health, Readiness
 from app.store.db import ping
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["health"])
+
+_MAX_REASON_CHARS = 200
+# SQLAlchemy appends the statement, its parameters and a link to every database error message.
+_SQLALCHEMY_TAIL = re.compile(r"\s*(\[SQL:|\[parameters:|\(Background on this error at:).*", re.DOTALL)
+
+
+def short_reason(text: str) -> str:
+    """A failure as /readyz (public) shows it: the first line, without the SQL statement and
+    parameters SQLAlchemy appends; the full error is in the planner's log."""
+    text = _SQLALCHEMY_TAIL.sub("", text).strip()
+    first = text.splitlines()[0].strip() if text else "unknown error"
+    return first if len(first) <= _MAX_REASON_CHARS else first[: _MAX_REASON_CHARS - 3] + "..."
+
+
+def _database_reason(exc: Exception) -> str:
+    cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    return short_reason(f"{type(cause).__name__}: {cause}")
 
 
 @router.get("/healthz", name="healthz", response_model=Health)
@@ -29,7 +51,10 @@ def readyz(request: Request) -> JSONResponse:
         ping(state.engine)
         database = "ok"
     except Exception as exc:  # any failure to answer means not ready
-        database = f"unreachable: {type(exc).__name__}: {exc}"
+        database = f"unreachable: {_database_reason(exc)}"
+        if getattr(state, "readyz_database", None) != database:  # once per outage, not per probe
+            log.warning("readiness: the database does not answer: %s", exc)
+    state.readyz_database = database
     problems: dict[str, list[str]] = {}
     listener = state.listener
     for name, worker in state.workers.items():
@@ -42,7 +67,7 @@ def readyz(request: Request) -> JSONResponse:
             reasons.append(f"last tick failed: {worker.last_error}")
         if listener is not None and not listener.connected.is_set():
             reasons.append(f"decision listener is not connected ({listener.last_error or 'connecting'})")
-        problems[name] = reasons
+        problems[name] = [short_reason(r) for r in reasons]
     ready = database == "ok" and not any(problems.values())
     body = Readiness(ready=ready, database=database, deployments=problems)
     return JSONResponse(body.model_dump(), status_code=200 if ready else 503)

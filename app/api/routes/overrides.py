@@ -10,6 +10,7 @@ from fastapi import APIRouter, Body, Path, Query, Request
 from app.api.auth import Operator, Viewer
 from app.api.convert import audit_out, decision_out, override_out
 from app.api.deps import DeploymentsDep, NowDep, SessionDep, deployment_or_raise
+from app.api.errors import problem_responses
 from app.api.schemas import (
     MAX_ID,
     AuditOut,
@@ -18,7 +19,6 @@ from app.api.schemas import (
     OverrideIn,
     OverrideOut,
     PinIn,
-    Problem,
 )
 from app.config import DeploymentConfig
 from app.core.chain import bound_violations, effective_bounds
@@ -29,12 +29,7 @@ from app.store import overrides as store
 
 router = APIRouter(tags=["overrides"])
 
-_ERRORS = {
-    401: {"model": Problem},
-    403: {"model": Problem},
-    404: {"model": Problem},
-    422: {"model": Problem},
-}
+_ERRORS = problem_responses(401, 403, 404, 422, 503)
 
 
 def _pin_params(body: PinIn, config: DeploymentConfig, active: ActiveOverrides) -> dict[str, int]:
@@ -95,7 +90,7 @@ def _bounds_params(body: BoundsIn, config: DeploymentConfig) -> dict[str, int]:
     response_model=OverrideCreated,
     responses={
         **_ERRORS,
-        409: {"model": Problem, "description": "resume of a deployment that is not paused"},
+        **problem_responses(400, 409, 413, _409="resume of a deployment that is not paused"),
     },
 )
 def create_override(

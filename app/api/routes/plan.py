@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.auth import Viewer
 from app.api.deps import DeploymentsDep, deployment_or_raise
-from app.api.schemas import Problem, Text
+from app.api.errors import problem_responses
+from app.api.schemas import Text
 from app.core.errors import InvalidInputError, ProfileError
 from app.core.perf.interpolation import PerfModel
 from app.core.seed.replicas import what_if
@@ -117,12 +118,16 @@ def _required(value: float | None, field: str) -> float:
     "/plan",
     name="plan",
     response_model=PlanOut,
-    responses={
-        401: {"model": Problem},
-        403: {"model": Problem},
-        404: {"model": Problem, "description": "unknown deployment"},
-        422: {"model": Problem, "description": "bad input, or a broken profile (names file and key)"},
-    },
+    responses=problem_responses(
+        400,
+        401,
+        403,
+        404,
+        413,
+        422,
+        _404="unknown deployment",
+        _422="bad input, or a broken profile (names file and key)",
+    ),
 )
 def plan(
     request: Request, deployments: DeploymentsDep, _: Viewer, body: Annotated[PlanIn, Body()]
