@@ -138,6 +138,17 @@ class Orchestrator:
                     continue
                 if r.status_code == 204:
                     continue
+                if r.status_code in (429, 503) or r.status_code >= 500:
+                    # A planner that is stopping (503, Retry-After: 1) or restarting, or too many
+                    # long-polls held (429): poll again after the wait it asks for, capped.
+                    try:
+                        wait_s = float(r.headers.get("Retry-After", "1"))
+                    except ValueError:
+                        wait_s = 1.0
+                    if self.stop_event.wait(min(max(wait_s, 0.1), 10.0)):
+                        break
+                    print(f"[orchestrator] planner answered {r.status_code}; polling again", file=sys.stderr)
+                    continue
                 if r.status_code != 200:
                     raise RuntimeError(f"GET /decisions/wait: {r.status_code} {r.text}")
                 decision = r.json()
