@@ -5,8 +5,9 @@ histogram `_sum`/`_count` samples and request counters, and differences them aga
 scrape, series by series, summing the series whose `model` label matches the deployment's model
 (case-insensitively). Means are Σ Δsum / Σ Δcount; the request count is Σ Δ
 `dynamo_frontend_requests_started_total`, else Σ Δ `dynamo_frontend_requests_total`, else None.
-`duration_s` is the time between the two scrapes on this host's monotonic clock (`interval_s` is
-not used: the scrapes say how long the interval really was).
+`duration_s` is the time between the two scrapes on this host's monotonic clock, each stamped
+when its request was sent (`interval_s` is not used: the scrapes say how long the interval really
+was).
 
 Choices:
 - The first scrape has nothing to difference against: `observe` raises
@@ -245,6 +246,11 @@ class FrontendScrapeSource(HttpSource):
 
     async def scrape(self) -> Scrape:
         """One GET of `/metrics`, parsed; `SourceUnavailableError` with the reason otherwise."""
+        # Stamped when the request leaves, not when the answer is read: the server renders its
+        # counters as the request arrives, while a busy event loop may read the answer much
+        # later, and a late stamp on one scrape shortens the next window and inflates its rate
+        # (a 1 s tick that read its answer 0.6 s late showed 2.5x the traffic).
+        taken_at = self._monotonic()
         async with self._session() as client:
             try:
                 resp = await client.get(
@@ -258,7 +264,6 @@ class FrontendScrapeSource(HttpSource):
                 raise self._fail(f"cannot connect to {self.url}: {describe_http_error(exc)}") from exc
             except httpx.HTTPError as exc:
                 raise self._fail(f"{self.url}: {describe_http_error(exc)}") from exc
-        taken_at = self._monotonic()
         content_type = resp.headers.get("content-type", "").lower()
         what = f"{self.url} answered HTTP {resp.status_code}"
         if resp.status_code != 200:

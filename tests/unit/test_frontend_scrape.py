@@ -507,6 +507,29 @@ async def test_duration_is_the_time_between_scrapes_not_the_interval() -> None:
     assert (await source.observe(30)).duration_s == 47.5
 
 
+async def test_each_scrape_is_stamped_when_its_request_leaves() -> None:
+    """An answer read late (a busy event loop) must not shorten the next window: the counters
+    were rendered when the request arrived."""
+    now = [100.0]
+    bodies = iter([traffic(LLAMA, 10), traffic(LLAMA, 20)])
+    lateness_s = iter([0.6, 0.0])  # the first answer is read 0.6 s after its request left
+
+    def late(request: httpx.Request) -> httpx.Response:
+        now[0] += next(lateness_s)
+        return text(next(bodies))(request)
+
+    source = FrontendScrapeSource(
+        "http://frontend.test:8000",
+        model_name="llama-3.1-8b",
+        client=httpx.AsyncClient(transport=httpx.MockTransport(late)),
+        monotonic=lambda: now[0],
+    )
+    await source.check()
+    now[0] = 101.0
+    observation = await source.observe(1)
+    assert (observation.num_req, observation.duration_s) == (10.0, 1.0)
+
+
 async def test_a_failed_scrape_keeps_the_baseline() -> None:
     fake = FakeFrontend(
         [text(traffic(LLAMA, 10)), answer(503, "unavailable", "text/plain"), text(traffic(LLAMA, 25))]

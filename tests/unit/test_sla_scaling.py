@@ -33,7 +33,7 @@ from app.core.sla.capacity import (
     decode_concurrency,
     prefill_engines,
 )
-from app.core.sla.demand import _growth_quantiles, _quantile_line
+from app.core.sla.demand import _busiest, _growth_quantiles, _quantile_line
 from app.core.sla.latency import DecodeCost, LatencyModels, PrefillCost, prefill_features, prior_models
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState
@@ -712,6 +712,20 @@ def test_without_an_inventory_it_learns_but_orders_nothing(h200: PerfModel) -> N
         )
     assert len(state.samples) == 3
     assert state.wishes == deque()  # nothing to stabilise against: no target was set
+
+
+def test_a_short_first_window_is_not_read_alone_as_a_burst() -> None:
+    """The scrape right after a start-up check covers 0.04 s; two requests in it are not 50
+    requests/s when the ticks after it say 20/s (the live failover test ordered 8 prefill
+    engines for 2 engines' traffic from exactly that)."""
+    first = TrafficSample(end_s=0.04, duration_s=0.04, num_req=2.0, isl=3000.0, osl=200.0)
+    steady = [TrafficSample(end_s=0.04 + k, duration_s=1.0, num_req=20.0, isl=3000.0, osl=200.0) for k in (1, 2, 3)]
+    assert _busiest([first, *steady], window_s=2.0) == pytest.approx(20.0)
+    # A run of ticks shorter than the window altogether is still read at its mean rate.
+    assert _busiest([first, steady[0]], window_s=2.0) == pytest.approx(22.0 / 1.04)
+    # And a real burst in a full window is found wherever it is.
+    burst = TrafficSample(end_s=4.04, duration_s=1.0, num_req=60.0, isl=3000.0, osl=200.0)
+    assert _busiest([first, *steady, burst], window_s=2.0) == pytest.approx(40.0)
 
 
 def test_a_few_ticks_are_not_enough_to_call_traffic_bursty(h200: PerfModel) -> None:

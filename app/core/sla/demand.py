@@ -124,7 +124,12 @@ def _slopes(
 
 def _busiest(items: list[TrafficSample], window_s: float) -> float:
     """The highest request rate over any run of consecutive ticks spanning at least `window_s`
-    (all of them if they span less)."""
+    (the rate of all of them if together they span less)."""
+    d_all, n_all, _, _ = _rates(items)
+    if d_all < window_s:
+        return n_all / d_all if d_all > 0 else 0.0
+    # Only full runs: a short first window (the scrape right after a start-up check, 0.04 s
+    # holding two requests) read alone is a rate many times the traffic's.
     best = 0.0
     for end in range(len(items)):
         start, span = end, items[end].duration_s
@@ -132,7 +137,7 @@ def _busiest(items: list[TrafficSample], window_s: float) -> float:
             start -= 1
             span += items[start].duration_s
         d, n, _, _ = _rates(items[start : end + 1])
-        if d > 0 and (span >= window_s or start == 0):
+        if span >= window_s and d > 0:
             best = max(best, n / d)
     return best
 
