@@ -27,6 +27,21 @@ from sqlalchemy.engine import make_url
 from app.store.db import upgrade
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_planner(*args: str, env: dict[str, str], timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run `planner ARGS` as a process with exactly the PLANNER_* variables given (none inherited)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PLANNER_")}
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=REPO_ROOT,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
 PG_ENV = "PLANNER_TEST_POSTGRES_URL"
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from sqlalchemy import create_engine, inspect
 
-from tests.support import demo_config
+from tests.support import demo_config, run_planner
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPECTED_TABLES = {
@@ -29,16 +29,7 @@ EXPECTED_TABLES = {
 
 
 def planner(*args: str, env: dict[str, str], timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run `planner ARGS` with exactly the PLANNER_* variables given (none inherited)."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("PLANNER_")}
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        cwd=REPO_ROOT,
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
+    return run_planner(*args, env=env, timeout_s=timeout_s)
 
 
 def planner_env(tmp_path: Path, **given: str) -> dict[str, str]:

@@ -4,7 +4,6 @@ traceback (they were 72 to 112 lines of one), never exit 1 or uvicorn's 3."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -15,21 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import demo_config, free_port, write_config
+from tests.support import demo_config, free_port, run_planner, write_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def planner(*args: str, env: dict[str, str], timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("PLANNER_")}
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        cwd=REPO_ROOT,
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
+    return run_planner(*args, env=env, timeout_s=timeout_s)
 
 
 def migrated_sqlite(path: Path) -> Path:

@@ -719,7 +719,9 @@ def test_a_short_first_window_is_not_read_alone_as_a_burst() -> None:
     requests/s when the ticks after it say 20/s (the live failover test ordered 8 prefill
     engines for 2 engines' traffic from exactly that)."""
     first = TrafficSample(end_s=0.04, duration_s=0.04, num_req=2.0, isl=3000.0, osl=200.0)
-    steady = [TrafficSample(end_s=0.04 + k, duration_s=1.0, num_req=20.0, isl=3000.0, osl=200.0) for k in (1, 2, 3)]
+    steady = [
+        TrafficSample(end_s=0.04 + k, duration_s=1.0, num_req=20.0, isl=3000.0, osl=200.0) for k in (1, 2, 3)
+    ]
     assert _busiest([first, *steady], window_s=2.0) == pytest.approx(20.0)
     # A run of ticks shorter than the window altogether is still read at its mean rate.
     assert _busiest([first, steady[0]], window_s=2.0) == pytest.approx(22.0 / 1.04)
