@@ -10,8 +10,6 @@ import warnings
 from collections import deque
 
 import numpy as np
-from statsmodels.regression.quantile_regression import QuantReg
-from statsmodels.tools.sm_exceptions import IterationLimitWarning
 
 from app.core.sla.capacity import Bucket, LengthMix, decode_concurrency, peak_concurrency
 from app.core.sla.settings import SlaSettings
@@ -231,6 +229,11 @@ def _quantile_line(x: np.ndarray, y: np.ndarray, quantile: float, at: float) -> 
     does not vary or the fit fails, the plain quantile of y: the line has nothing to lean on."""
     if np.ptp(x) <= 1e-9:
         return float(np.quantile(y, quantile))
+    # Imported here: statsmodels takes about a second to import, and every process that only
+    # validates a file or fails at start-up (and every test that starts one) would pay it.
+    from statsmodels.regression.quantile_regression import QuantReg
+    from statsmodels.tools.sm_exceptions import IterationLimitWarning
+
     design = np.column_stack([np.ones_like(x), x])
     with warnings.catch_warnings():
         # Few distinct growths (steady traffic) converge slowly; the last iterate is still a line
