@@ -13,7 +13,10 @@ and then, by policy:
   type (the planner's own GPU-budget stage), whatever the others do;
 - `fcfs`: independent planners that ignore each other, clipped at the budget first come first
   served: a scale-up gets the free GPUs in the order the requests became unmet, and an engine
-  once granted is kept until its own planner lets it go (pods pending on a full cluster).
+  once granted is kept until its own planner lets it go (pods pending on a full cluster);
+- `oracle`: no planner; every deployment's clairvoyant schedule, its r* cut to the budget by the
+  fleet step (app/sim/fleet_oracle.py). Every policy's run computes it, so that each reports
+  its GPU-hours over the oracle's.
 
 Engines being drained still hold their GPUs, so the GPUs billed at one moment may briefly exceed
 the budget by the engines finishing their requests; `peak_billed_gpus` reports it. A deployment
@@ -49,12 +52,13 @@ from app.core.types import ActiveOverrides, Role
 from app.embedding import EmbeddedPlanner, TickInput, TrafficWindow
 from app.sim.cluster import ROLES, Cluster
 from app.sim.config import ReplayConfig, SimulationConfig, _SimulationSection
+from app.sim.fleet_oracle import FleetOracle, fleet_oracle
 from app.sim.frontend import FrontendCounters
 from app.sim.outputs import summarize
 from app.sim.replay import load_models
 from app.sim.results import DecisionEvent, ReplayResult
 
-FLEET_POLICIES = ("fleet", "equal", "fcfs")
+FLEET_POLICIES = ("fleet", "equal", "fcfs", "oracle")
 
 
 class TraceSpec(Strict):
@@ -205,6 +209,7 @@ class FleetRunResult:
     peak_billed_gpus: dict[str, int]  # per GPU type
     grants_log: list[dict[str, Any]]  # one row per (tick, deployment, role) whose grant changed
     wall_s: float
+    oracle: FleetOracle | None = None
 
 
 def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False) -> FleetRunResult:
@@ -215,6 +220,20 @@ def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False)
     by_type: dict[str, list[str]] = {}
     for d in config.deployments:
         by_type.setdefault(fleet.member(d.name).gpu_type or "", []).append(d.name)
+    worlds = {}
+    for d in config.deployments:
+        _, truth = load_models(config.replay_config(d))
+        worlds[d.name] = (truth, load_fleet_requests(config, d.name))
+    # The yardstick of every policy, and the schedule the oracle policy runs.
+    oracle = fleet_oracle(
+        config.deployments,
+        fleet,
+        {name: requests for name, (_, requests) in worlds.items()},
+        {name: truth for name, (truth, _) in worlds.items()},
+        interval_s=sim.oracle.interval_s,
+        startup_delay_s=sim.startup_delay_s,
+        quantile=sim.oracle.quantile,
+    )
     members: list[_Member] = []
     for d in config.deployments:
         gpu_type = fleet.member(d.name).gpu_type or ""
@@ -223,13 +242,13 @@ def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False)
             # A static partition: the budget of its type, shared equally, as its own GPU budget.
             share = fleet.budget_gpus[gpu_type] // len(by_type[gpu_type])
             deployment = d.model_copy(update={"gpu_budget": share})
-        replay = config.replay_config(deployment)
-        _, truth = load_models(replay)
-        requests = load_fleet_requests(config, d.name)
+        truth, requests = worlds[d.name]
         initial = {
             "prefill": sim.initial_prefill if sim.initial_prefill is not None else d.prefill.min_replicas,
             "decode": sim.initial_decode if sim.initial_decode is not None else d.decode.min_replicas,
         }
+        if policy == "oracle":
+            initial = {role: oracle.schedule[d.name][role].initial for role in ROLES}
         gpus = {role: d.role(role).gpus_per_engine for role in ROLES}
         planner = EmbeddedPlanner.from_config(deployment, base_dir=config.base_dir)
         cluster = Cluster(
@@ -268,8 +287,14 @@ def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False)
                     m.grant_changes += m.grant is not None
                     log.extend(_log_rows(now, m, grant, decision))
                 m.grant = grant
+        if policy == "oracle":
+            for m in live:
+                for role in ROLES:
+                    count = oracle.schedule[m.name][role].count_at(now)
+                    if count != m.cluster.targets[role]:
+                        m.cluster.set_target(role, count)
         for m in live:
-            if m.next_tick_s <= now:
+            if policy != "oracle" and m.next_tick_s <= now:
                 _tick(m, now, with_caps=policy == "fleet")
         if policy == "fcfs":
             _first_come_first_served(live, fleet.budget_gpus, now, log)
@@ -290,7 +315,14 @@ def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False)
         if progress and now - last_progress >= 300:
             last_progress = now
             print(f"  {policy}: {now:.0f} simulated s", file=sys.stderr)
-    results = {m.name: _result(m, config, policy) for m in members}
+    if policy == "oracle":
+        for m in members:  # its wish is r* cut to the budget
+            fitted = oracle.fitted[m.name]
+            m.peak_wish_gpus = max(
+                (m.gpus({role: fitted[role][k] for role in ROLES}) for k in range(len(fitted["prefill"]))),
+                default=0,
+            )
+    results = {m.name: _result(m, config, policy, oracle.gpu_hours[m.name]) for m in members}
     return FleetRunResult(
         policy=policy,
         results=results,
@@ -299,6 +331,7 @@ def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False)
         peak_billed_gpus=peak_billed,
         grants_log=log,
         wall_s=time.perf_counter() - started,
+        oracle=oracle,
     )
 
 
@@ -433,7 +466,7 @@ def _log_rows(now: float, m: _Member, grant: dict[str, int], decision: FleetDeci
     ]
 
 
-def _result(m: _Member, config: FleetReplayConfig, policy: str) -> ReplayResult:
+def _result(m: _Member, config: FleetReplayConfig, policy: str, oracle_gpu_hours: float) -> ReplayResult:
     sim, d = config.simulation, m.deployment
     end_s = m.end_s if m.end_s is not None else m.cluster.now
     return ReplayResult(
@@ -448,7 +481,7 @@ def _result(m: _Member, config: FleetReplayConfig, policy: str) -> ReplayResult:
         timeline=m.cluster.timeline,
         decisions=m.decisions,
         gpu_hours=m.cluster.gpu_seconds(at_s=end_s) / 3600.0,
-        oracle_gpu_hours=0.0,  # no oracle for a fleet: the budget, not the trace alone, binds
+        oracle_gpu_hours=oracle_gpu_hours,  # the fleet oracle's, within the budget
         oracle_timeline=[],
         end_s=end_s,
         wall_s=0.0,
@@ -475,6 +508,7 @@ def fleet_summary(config: FleetReplayConfig, run: FleetRunResult) -> dict[str, A
             "ttft_attainment": s["ttft_attainment"],
             "itl_attainment": s["itl_attainment"],
             "gpu_hours": s["gpu_hours"],
+            "oracle_gpu_hours": result.oracle_gpu_hours,
             "grant_changes": run.grant_changes[name],
             "scaling_actions": s["scaling_actions"],
             "peak_wish_gpus": run.peak_wish_gpus[name],
@@ -482,6 +516,7 @@ def fleet_summary(config: FleetReplayConfig, run: FleetRunResult) -> dict[str, A
         }
         met += round((s["slo_attainment"] or 0.0) * s["requests"])
         total += s["requests"]
+    oracle_hours = sum(d["oracle_gpu_hours"] for d in deployments.values())
     return {
         "policy": run.policy,
         "config": str(config.path),
@@ -491,6 +526,12 @@ def fleet_summary(config: FleetReplayConfig, run: FleetRunResult) -> dict[str, A
         "hold_s": config.fleet.hold_s,
         "slo_attainment": met / total if total else None,
         "gpu_hours": sum(d["gpu_hours"] for d in deployments.values()),
+        # The fleet oracle's plan (scheduled GPU-hours, as the single replay's oracle_gpu_hours).
+        "oracle_gpu_hours": oracle_hours,
+        "gpu_hours_over_oracle": (
+            sum(d["gpu_hours"] for d in deployments.values()) / oracle_hours if oracle_hours else None
+        ),
+        "oracle_cut_intervals": run.oracle.cut_intervals if run.oracle is not None else None,
         "grant_changes": sum(run.grant_changes.values()),
         "deployments": deployments,
         "wall_s": run.wall_s,
