@@ -295,3 +295,17 @@ def test_variants_load_with_capacities_and_gpus():
     )
     assert slow.capacity["prefill"] < own.capacity["prefill"]
     assert slow.price_per_gpu_hour == 2.0
+
+
+def test_the_fleet_replay_refuses_variants_it_does_not_simulate(tmp_path):
+    import yaml
+
+    from app.sim.fleet import load_fleet_config
+
+    raw = fleet_file([OWN_CFG, SLOW_CFG])
+    raw["simulation"] = {"traces": {"chat": {"workload": "diurnal"}}}
+    (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(
+        ConfigError, match=r"fleet.deployments.chat.variants: the fleet replay does not simulate"
+    ):
+        load_fleet_config(tmp_path / "fleet.yaml")
