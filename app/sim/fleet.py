@@ -47,6 +47,7 @@ from app.config import (
     validate_deployments,
 )
 from app.core.fleet import FleetDecision, FleetMember, FleetSettings, FleetState, fleet_step
+from app.core.fleet_variants import Variant, variant_key
 from app.core.traces import TraceRequest
 from app.core.types import ActiveOverrides, Role
 from app.embedding import EmbeddedPlanner, TickInput, TrafficWindow
@@ -57,6 +58,7 @@ from app.sim.frontend import FrontendCounters
 from app.sim.outputs import summarize
 from app.sim.replay import load_models
 from app.sim.results import DecisionEvent, ReplayResult
+from app.sim.variant_cluster import VariantCluster
 
 FLEET_POLICIES = ("fleet", "equal", "fcfs", "oracle")
 
@@ -127,13 +129,6 @@ def load_fleet_config(path: str | Path) -> FleetReplayConfig:
             )
         if not d.profile:
             raise ConfigError(f"{path}: deployments: {d.name}: profile: required for replay")
-        if file.fleet is not None and file.fleet.member(d.name).variants:
-            # The simulated cluster runs one engine kind per role (one truth model); mixed
-            # variants are planned by the fleet step (tested) but not simulated yet.
-            raise ConfigError(
-                f"{path}: fleet.deployments.{d.name}.variants: the fleet replay does not simulate "
-                "hardware variants yet (docs/fleet.md)"
-            )
     try:
         simulation = _SimulationSection.model_validate({"simulation": simulation_raw}).simulation
         traces = _TracesSection.model_validate({"traces": traces_raw or {}}).traces
@@ -198,6 +193,8 @@ class _Member:
     counters: Any = None
     pending_since: dict[str, float] = field(default_factory=dict)  # fcfs: unmet since
     end_s: float | None = None
+    variants: tuple[Variant, ...] = ()  # hardware variants: `cluster` is a VariantCluster
+    mix: dict[str, dict[str, int]] | None = None  # the fleet's grant per role and variant
 
     @property
     def name(self) -> str:
@@ -217,6 +214,9 @@ class FleetRunResult:
     grants_log: list[dict[str, Any]]  # one row per (tick, deployment, role) whose grant changed
     wall_s: float
     oracle: FleetOracle | None = None
+    # Deployments with hardware variants: GPU-hours per variant, and their cost at its price.
+    variant_gpu_hours: dict[str, dict[str, float]] = field(default_factory=dict)
+    cost: dict[str, float] = field(default_factory=dict)
 
 
 def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False) -> FleetRunResult:
@@ -243,6 +243,11 @@ def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False)
     )
     members: list[_Member] = []
     for d in config.deployments:
+        if fleet.member(d.name).variants and policy != "fleet":
+            raise ConfigError(
+                f"--fleet-policy {policy}: fleet.deployments.{d.name}.variants: hardware variants "
+                "are replayed with the fleet policy only"
+            )
         gpu_type = fleet.member(d.name).gpu_type or ""
         deployment = d
         if policy == "equal":
@@ -258,17 +263,31 @@ def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False)
             initial = {role: oracle.schedule[d.name][role].initial for role in ROLES}
         gpus = {role: d.role(role).gpus_per_engine for role in ROLES}
         planner = EmbeddedPlanner.from_config(deployment, base_dir=config.base_dir)
-        cluster = Cluster(
-            truth,
-            requests,
-            initial=initial,
-            startup_delay_s=sim.startup_delay_s,
-            gpus_per_engine=gpus,
-            model_name=d.model_name or d.name,
-            record_roles=("prefill",),
-        )
+        variants: tuple[Variant, ...] = ()
+        if fleet.member(d.name).variants:
+            variants, cluster = _variant_cluster(config, d, requests, initial)
+        else:
+            cluster = Cluster(
+                truth,
+                requests,
+                initial=initial,
+                startup_delay_s=sim.startup_delay_s,
+                gpus_per_engine=gpus,
+                model_name=d.model_name or d.name,
+                record_roles=("prefill",),
+            )
         members.append(
-            _Member(d, requests, cluster, planner, gpus, gpu_type, planner.initial_tick_s(), dict(initial))
+            _Member(
+                d,
+                requests,
+                cluster,
+                planner,
+                gpus,
+                gpu_type,
+                planner.initial_tick_s(),
+                dict(initial),
+                variants=variants,
+            )
         )
     state = FleetState()
     log: list[dict[str, Any]] = []
@@ -288,6 +307,9 @@ def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False)
             decision = _fleet_grants(members, config, state, now)
             state = decision.state
             for m in members:
+                if m.variants:
+                    _variant_grant(m, decision, now, log)
+                    continue
                 grant = dict(decision.grants[m.name].engines)
                 if m.grant is None or grant != m.grant:
                     # The first grant is logged (the grants replay from the log) but not a change.
@@ -315,9 +337,9 @@ def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False)
             billed = sum(
                 m.cluster.counts(role)[0] * m.gpus_per_engine[role]
                 for m in live
-                if m.gpu_type == gpu_type
+                if m.gpu_type == gpu_type and not m.variants
                 for role in ROLES
-            )
+            ) + sum(m.cluster.billed_gpus().get(gpu_type, 0) for m in live if m.variants)  # type: ignore[attr-defined]
             peak_billed[gpu_type] = max(peak_billed[gpu_type], billed)
         if progress and now - last_progress >= 300:
             last_progress = now
@@ -330,6 +352,13 @@ def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False)
                 default=0,
             )
     results = {m.name: _result(m, config, policy, oracle.gpu_hours[m.name]) for m in members}
+    variant_hours, cost = {}, {}
+    for m in members:
+        if m.variants:
+            end_s = m.end_s if m.end_s is not None else m.cluster.now
+            seconds = m.cluster.variant_gpu_seconds(at_s=end_s)  # type: ignore[attr-defined]
+            variant_hours[m.name] = {v: gpu_s / 3600.0 for v, gpu_s in seconds.items()}
+            cost[m.name] = m.cluster.cost(at_s=end_s)  # type: ignore[attr-defined]
     return FleetRunResult(
         policy=policy,
         results=results,
@@ -339,6 +368,8 @@ def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False)
         grants_log=log,
         wall_s=time.perf_counter() - started,
         oracle=oracle,
+        variant_gpu_hours=variant_hours,
+        cost=cost,
     )
 
 
@@ -359,10 +390,74 @@ def _fleet_grants(
                 max_gpus=entry.max_gpus,
                 gpus_per_engine=m.gpus_per_engine,  # type: ignore[arg-type]
                 wish=wish,  # type: ignore[arg-type]
+                variants=m.variants,
             )
         )
     settings = FleetSettings(budget_gpus=fleet.budget_gpus, margin=fleet.margin, hold_s=fleet.hold_s)
     return fleet_step(view, settings, state, now)
+
+
+def _variant_cluster(
+    config: FleetReplayConfig, d: DeploymentConfig, requests: list[TraceRequest], initial: dict[str, int]
+) -> tuple[tuple[Variant, ...], VariantCluster]:
+    """Each variant's engines on a truth model of its own profile (the world's settings of
+    `load_models`, on the variant's perf model)."""
+    from app.fleet_hardware import load_variants, variant_models
+    from app.planner_setup import DEFAULT_MAX_NUM_BATCHED_TOKENS
+    from app.sim.truth import TruthModel
+
+    sim, entry = config.simulation, config.fleet.member(d.name)
+    variants = load_variants(d, entry, config.base_dir)
+    truths = {
+        name: TruthModel(
+            model,
+            scale=sim.truth_scale,
+            max_num_batched_tokens=d.prefill.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            max_kv_tokens=d.decode.max_kv_tokens,
+            world=sim.truth,
+            max_num_seqs=d.decode.max_num_seqs,
+        )
+        for name, model in variant_models(d, entry, config.base_dir)
+    }
+    cluster = VariantCluster(
+        variants,
+        truths,
+        requests,
+        initial=initial,
+        startup_delay_s=sim.startup_delay_s,
+        model_name=d.model_name or d.name,
+        record_roles=("prefill",),
+    )
+    return variants, cluster
+
+
+def _variant_grant(m: _Member, decision: FleetDecision, now: float, log: list[dict[str, Any]]) -> None:
+    """A deployment with variants: its grant per variant runs on its cluster, and its planner
+    gets the grant in engines of its primary variant (capacity-equivalent) as its cap."""
+    mix = {
+        role: {v.name: decision.grants[variant_key(m.name, v.name)].engines.get(role, 0) for v in m.variants}  # type: ignore[call-overload]
+        for role in ROLES
+    }
+    if m.mix is None or mix != m.mix:
+        m.grant_changes += m.mix is not None
+        for v in m.variants:
+            g = decision.grants[variant_key(m.name, v.name)]
+            cut_by = "; ".join(f"{c.by}: {c.why}" for c in g.cut_by)
+            for role in ROLES:
+                if m.mix is None or mix[role][v.name] != m.mix[role][v.name]:
+                    log.append(
+                        {
+                            "at_s": now,
+                            "deployment": g.name,
+                            "role": role,
+                            "wish": g.roles[role].wish,  # type: ignore[index]
+                            "grant": mix[role][v.name],
+                            "reason": f"{g.roles[role].reason}: {g.roles[role].detail}",  # type: ignore[index]
+                            "cut_by": cut_by,
+                        }
+                    )
+    m.mix = mix
+    m.grant = m.cluster.set_grant(mix)  # type: ignore[attr-defined]
 
 
 def _tick(m: _Member, now: float, *, with_caps: bool) -> None:
@@ -519,6 +614,11 @@ def fleet_summary(config: FleetReplayConfig, run: FleetRunResult) -> dict[str, A
             "grant_changes": run.grant_changes[name],
             "scaling_actions": s["scaling_actions"],
             "peak_wish_gpus": run.peak_wish_gpus[name],
+            **(
+                {"gpu_hours_by_variant": run.variant_gpu_hours[name], "cost": run.cost[name]}
+                if name in run.cost
+                else {}
+            ),
             "simulated_s": s["simulated_s"],
         }
         met += round((s["slo_attainment"] or 0.0) * s["requests"])

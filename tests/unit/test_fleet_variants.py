@@ -297,15 +297,70 @@ def test_variants_load_with_capacities_and_gpus():
     assert slow.price_per_gpu_hour == 2.0
 
 
-def test_the_fleet_replay_refuses_variants_it_does_not_simulate(tmp_path):
+# --- the replay: variant engines on their own profile's latencies ------------------------------
+
+
+def test_a_variant_cluster_runs_each_variant_on_its_own_truth():
+    from app.sim.truth import TruthModel
+    from app.sim.variant_cluster import VariantCluster
+
+    fast = TruthModel(PerfModel.from_profile(load_profile(PROFILE)))
+    slow = TruthModel(PerfModel.from_profile(scaled_profile(load_profile(PROFILE), 2.0)))
+    # own: 10,000 tokens/s and 40 requests per engine; big: 25,000 and 100 (2.5 own engines).
+    cluster = VariantCluster(
+        (OWN, BIG), {"own": fast, "big": slow}, [], initial={"prefill": 1, "decode": 1}, startup_delay_s=0.0
+    )
+    assert cluster.ready_counts() == {"prefill": 1, "decode": 1}
+    # The grant: 1 own + 2 big prefill = 1 + 5 = 6 own-equivalents; decode 1 big = 2 (2.5 floored).
+    caps = cluster.set_grant({"prefill": {"own": 1, "big": 2}, "decode": {"own": 0, "big": 1}})
+    assert caps == {"prefill": 6, "decode": 2}
+    cluster.set_target("prefill", 6)
+    cluster.set_target("decode", 2)
+    engines = {
+        (e.role, e.truth is slow)
+        for e in cluster.serving_engines("prefill") + cluster.serving_engines("decode")
+    }
+    assert engines == {("prefill", False), ("prefill", True), ("decode", True)}
+    assert cluster.ready_counts() == {"prefill": 6, "decode": 2}
+    assert cluster.billed_gpus() == {"a": 1, "b": 6}  # big: 2 GPUs per engine, 3 engines
+    # The planner lowers prefill to 5 own-equivalents: the dearest (own) engine goes first,
+    # 2 big still cover 5.
+    cluster.set_target("prefill", 5)
+    assert cluster._count("prefill") == {"own": 0, "big": 2}
+
+
+def test_planner_replay_runs_a_fleet_with_variants(tmp_path, capsys):
+    import csv
+    import json
+
     import yaml
 
-    from app.sim.fleet import load_fleet_config
+    from app.cli import main as planner_main
 
-    raw = fleet_file([OWN_CFG, SLOW_CFG])
-    raw["simulation"] = {"traces": {"chat": {"workload": "diurnal"}}}
+    raw = fleet_file([OWN_CFG, {**SLOW_CFG, "price_per_gpu_hour": 1.5}], budget={"h200": 2, "h100": 4})
+    raw["deployments"][0]["scaling"] = {"algorithm": "sla"}
+    raw["simulation"] = {
+        "startup_delay_s": 30,
+        "oracle": {"interval_s": 30},
+        "traces": {"chat": {"workload": "flash-crowd", "rate_scale": 0.2, "duration_s": 120}},
+    }
     (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(raw))
-    with pytest.raises(
-        ConfigError, match=r"fleet.deployments.chat.variants: the fleet replay does not simulate"
-    ):
-        load_fleet_config(tmp_path / "fleet.yaml")
+    out = tmp_path / "out"
+    code = planner_main(["replay", "--config", str(tmp_path / "fleet.yaml"), "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    chat = summary["deployments"]["chat"]
+    assert set(chat["gpu_hours_by_variant"]) == {"h200-tp1", "h100-tp1"}
+    assert chat["gpu_hours"] == pytest.approx(sum(chat["gpu_hours_by_variant"].values()))
+    hours = chat["gpu_hours_by_variant"]
+    assert chat["cost"] == pytest.approx(hours["h200-tp1"] * 3.5 + hours["h100-tp1"] * 1.5)
+    with (out / "grants.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert {r["deployment"] for r in rows} <= {"chat@h200-tp1", "chat@h100-tp1"}
+    # h100 at 1.5 is the cheaper per unit (docs/fleet.md): it is granted engines.
+    assert any(r["deployment"] == "chat@h100-tp1" and int(r["grant"]) > 0 for r in rows)
+    assert summary["peak_billed_gpus"]["h100"] <= 4 + 2  # the budget, plus draining engines
+    capsys.readouterr()
+    args = ["replay", "--config", str(tmp_path / "fleet.yaml"), "--out", str(out), "--fleet-policy", "equal"]
+    assert planner_main(args) != 0
+    assert "hardware variants are replayed with the fleet policy only" in capsys.readouterr().err
