@@ -86,8 +86,10 @@ class VariantCluster(Cluster):
         if count < 0:
             raise ValueError(f"replica count must be >= 0, got {count}")
         granted = {v: {role: n} for v, n in self.mix[role].items()}
-        # The grant's engines, dearest first removed while the rest cover `count` primary ones.
-        wanted = split_wish(self.variants, {role: count}, granted, room_gpus={})
+        # The grant's engines, dearest first removed while the rest cover `count` primary ones;
+        # never beyond the grant (the fleet replay caps the target at it right after anyway).
+        covered = min(count, self.equivalents(role, self.mix[role]))
+        wanted = split_wish(self.variants, {role: covered}, granted, room_gpus={})
         self._apply(role, {v: wanted[v][role] for v in wanted}, ready_s=self.now + self.startup_delay_s)
         self.targets[role] = count
         self._record(role)
