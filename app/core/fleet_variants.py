@@ -244,15 +244,13 @@ def _held_by_others(
         for i, (key, part_type, per) in enumerate(parts):
             if part_type != gpu_type:
                 continue
-            previous = state.grants.get(key, {})
-            if o.priority > m.priority and not o.variants:
+            if o.priority > m.priority:  # (one with variants was split already, above)
                 total += sum(n * per.get(r, 1) for r, n in o.wish.items())
-            elif o.priority >= m.priority:
-                total += sum(
-                    min(previous.get(r, 0), o.wish.get(r, 0) if not o.variants else previous.get(r, 0))
-                    * per.get(r, 1)
-                    for r in previous
-                )
+            elif o.priority == m.priority:
+                held = dict(state.grants.get(key, {}))
+                if not o.variants:  # its wish is in these engines: it keeps no more than it wishes
+                    held = {r: min(n, o.wish.get(r, 0)) for r, n in held.items()}
+                total += sum(n * per.get(r, 1) for r, n in held.items())
             elif i == 0:
                 wish_gpus = sum(n * per.get(r, 1) for r, n in o.wish.items())
                 total += min(o.guaranteed_gpus, wish_gpus)

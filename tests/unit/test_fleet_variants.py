@@ -86,6 +86,26 @@ def test_a_higher_priority_holding_the_cheap_type_sends_a_lower_one_to_the_next(
     assert engines(d, "x", "own") == {"prefill": 1, "decode": 2}
 
 
+def test_an_equal_priority_keeps_what_it_holds_a_lower_one_only_its_guarantee():
+    # b has 10 GPUs. `peer` (equal priority) holds 8 and wishes 8: moves between equals need the
+    # value rule and the hold, so x expects 10 - 8 = 2 GPUs of b: 1 big prefill engine, the rest
+    # on own (1 prefill, 2 decode), as when b has 2 GPUs.
+    peer = FleetMember("peer", "b", 0, 0, None, {"decode": 1}, {"decode": 8})
+    held = FleetState(grants={"peer": {"decode": 8}}, changed_s={"peer": {"decode": 0.0}})
+    d = fleet_step([peer, deployment()], FleetSettings({"a": 10, "b": 10}), held, 500.0)
+    assert engines(d, "x", "big") == {"prefill": 1, "decode": 0}
+    assert engines(d, "x", "own") == {"prefill": 1, "decode": 2}
+    assert dict(d.grants["peer"].engines) == {"decode": 8}
+    # `low` (priority -1, guarantee 2) holds the same 8: x may take all but its guarantee at once,
+    # 10 - 2 = 8 >= the 6 GPUs of 2 big prefill + 1 big decode; low keeps 10 - 6 = 4.
+    low = FleetMember("low", "b", -1, 2, None, {"decode": 1}, {"decode": 8})
+    held = FleetState(grants={"low": {"decode": 8}}, changed_s={"low": {"decode": 0.0}})
+    d = fleet_step([low, deployment()], FleetSettings({"a": 10, "b": 10}), held, 500.0)
+    assert engines(d, "x", "big") == {"prefill": 2, "decode": 1}
+    assert engines(d, "x", "own") == {"prefill": 0, "decode": 0}
+    assert dict(d.grants["low"].engines) == {"decode": 4}
+
+
 def test_shrinking_removes_the_dearest_first():
     # Held: big 2 prefill + 1 decode, own 1 prefill + 2 decode (60,000 tokens/s, 180 requests).
     # The wish falls to 3 prefill (30,000) and 1 decode (40). Prefill: own's engine goes first
