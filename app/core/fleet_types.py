@@ -171,10 +171,18 @@ class Move:
 
 @dataclass(frozen=True)
 class FleetDecision:
+    # By deployment name; a deployment with variants has one grant per variant instead, under
+    # `deployment@variant` (`of_deployment` gathers them).
     grants: Mapping[str, DeploymentGrant]
     moves: tuple[Move, ...]
     free_gpus: Mapping[str, int]  # per GPU type, after the grants
     state: FleetState  # the next call's `state`
+
+    def of_deployment(self, name: str) -> dict[str | None, DeploymentGrant]:
+        """A deployment's grants by variant (`{None: grant}` for one without variants)."""
+        if name in self.grants:
+            return {None: self.grants[name]}
+        return {g.variant: g for g in self.grants.values() if g.deployment == name}
 
     def as_dict(self) -> dict[str, Any]:
         return {

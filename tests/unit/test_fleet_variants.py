@@ -65,6 +65,7 @@ def test_the_cheapest_variant_grown_first():
     grant = d.grants["x@big"]
     assert (grant.deployment, grant.variant, grant.gpu_type) == ("x", "big", "b")
     assert grant.as_dict()["variant"] == "big"
+    assert set(d.of_deployment("x")) == {"own", "big"}
 
 
 def test_the_next_variant_when_the_cheap_type_is_used_up():
