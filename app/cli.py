@@ -364,10 +364,11 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     replay.add_argument("--seed", type=_number(minimum=0, inclusive=True, integer=True), help="default: 0")
     replay.add_argument(
         "--fleet-policy",
-        choices=("fleet", "equal", "fcfs"),
+        choices=("fleet", "equal", "fcfs", "oracle"),
         default="fleet",
-        help="a fleet file only: fleet (the fleet step), equal (static equal shares) or fcfs "
-        "(independent planners clipped first come first served); default: fleet",
+        help="a fleet file only: fleet (the fleet step), equal (static equal shares), fcfs "
+        "(independent planners clipped first come first served) or oracle (every future known, "
+        "fitted to the budget by the fleet step); default: fleet",
     )
     replay.add_argument(
         "--quiet",

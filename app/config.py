@@ -279,6 +279,40 @@ class DeploymentConfig(Strict):
         return min(intervals) if intervals else self.throughput.interval_s
 
 
+class VariantConfig(Strict):
+    """One kind of engine a deployment may run (app/core/fleet_variants.py, docs/fleet.md). The
+    first variant listed is the deployment's own hardware: its profile and GPUs per engine
+    default to the deployment's, and must equal them when given."""
+
+    name: str | None = Field(default=None, description="how grants name it (default: its gpu_type)")
+    gpu_type: str = Field(description="which budget of fleet.budget_gpus its engines draw on")
+    gpus_per_engine: dict[Role, Annotated[int, Field(ge=1)]] | None = Field(
+        default=None, description="GPUs per engine, per role (default: the deployment's)"
+    )
+    profile: str | None = Field(
+        default=None,
+        description="its profiling-results folder, relative to this file (default: the deployment's)",
+    )
+    latency_scale: float = Field(
+        default=1.0,
+        gt=0,
+        description="multiplies the profile's latencies: a GPU without a profile of its own, read as "
+        "a scaled one (docs/fleet.md)",
+    )
+    price_per_gpu_hour: float = Field(gt=0, description="what one of its GPUs costs per hour")
+
+    @property
+    def label(self) -> str:
+        return self.name or self.gpu_type
+
+
+class CapacityShape(Strict):
+    """The request shape a variant's capacity per engine is read at."""
+
+    isl_tokens: float = Field(default=3000.0, gt=0, description="prompt length (tokens)")
+    osl_tokens: float = Field(default=150.0, gt=0, description="output length (tokens)")
+
+
 class FleetMemberConfig(Strict):
     """One deployment's place in the fleet (app/core/fleet.py, docs/fleet.md)."""
 
@@ -288,6 +322,22 @@ class FleetMemberConfig(Strict):
     max_gpus: int | None = Field(
         default=None, ge=1, description="GPUs it may hold at most (default: the budget)"
     )
+    variants: list[VariantConfig] = Field(
+        default_factory=list,
+        description="hardware variants (its own first), grown cheapest per unit of capacity first",
+    )
+    capacity_at: CapacityShape = Field(
+        default_factory=CapacityShape, description="the request shape variants' capacities are read at"
+    )
+
+    @model_validator(mode="after")
+    def _variant_names_unique(self) -> FleetMemberConfig:
+        seen: set[str] = set()
+        for i, v in enumerate(self.variants):
+            if v.label in seen:
+                raise ValueError(f"variants.{i}.name: {v.label!r} appears twice (name the variants)")
+            seen.add(v.label)
+        return self
 
     @model_validator(mode="after")
     def _guarantee_within_max(self) -> FleetMemberConfig:
@@ -350,6 +400,8 @@ class DeploymentsFile(Strict):
             if entry.gpu_type is not None and entry.gpu_type not in fleet.budget_gpus:
                 types = ", ".join(fleet.budget_gpus)
                 raise ValueError(f"{where}.gpu_type: {entry.gpu_type!r} has no budget (have: {types})")
+            if entry.variants:
+                _check_variants(where, entry, fleet, self.get(name))  # type: ignore[arg-type]
         if len(fleet.budget_gpus) > 1:
             missing = sorted(names - set(fleet.deployments))
             if missing:
@@ -367,6 +419,47 @@ class DeploymentsFile(Strict):
 
     def get(self, name: str) -> DeploymentConfig | None:
         return next((d for d in self.deployments if d.name == name), None)
+
+
+def _check_variants(
+    where: str, entry: FleetMemberConfig, fleet: FleetConfig, deployment: DeploymentConfig
+) -> None:
+    """A variant draws on a budgeted GPU type, and the first one is the deployment's own
+    hardware: the planner's wish is in engines of its own profile."""
+    types = ", ".join(fleet.budget_gpus)
+    for i, v in enumerate(entry.variants):
+        if v.gpu_type not in fleet.budget_gpus:
+            raise ValueError(f"{where}.variants.{i}.gpu_type: {v.gpu_type!r} has no budget (have: {types})")
+        if v.gpus_per_engine is not None:
+            extra = sorted(set(v.gpus_per_engine) - set(deployment.roles))
+            if extra:
+                raise ValueError(
+                    f"{where}.variants.{i}.gpus_per_engine: {', '.join(extra)} is not a role of "
+                    f"mode {deployment.mode} (roles: {', '.join(deployment.roles)})"
+                )
+    first = entry.variants[0]
+    own_type = entry.gpu_type or next(iter(fleet.budget_gpus))
+    if first.gpu_type != own_type:
+        raise ValueError(
+            f"{where}.variants.0.gpu_type: {first.gpu_type!r}, but the deployment's gpu_type is "
+            f"{own_type!r} (the first variant is the deployment's own hardware)"
+        )
+    own_gpus = {r: deployment.role(r).gpus_per_engine for r in deployment.roles}
+    if first.gpus_per_engine is not None and {**own_gpus, **first.gpus_per_engine} != own_gpus:
+        raise ValueError(
+            f"{where}.variants.0.gpus_per_engine: {first.gpus_per_engine}, but the deployment's "
+            f"engines use {own_gpus} (the first variant is the deployment's own hardware)"
+        )
+    if first.profile is not None and first.profile != deployment.profile:
+        raise ValueError(
+            f"{where}.variants.0.profile: {first.profile!r}, but the deployment's profile is "
+            f"{deployment.profile!r} (the first variant is the deployment's own hardware)"
+        )
+    if first.latency_scale != 1.0:
+        raise ValueError(f"{where}.variants.0.latency_scale: the deployment's own hardware is not scaled")
+    if deployment.profile is None and any(v.profile is None for v in entry.variants):
+        i = next(i for i, v in enumerate(entry.variants) if v.profile is None)
+        raise ValueError(f"{where}.variants.{i}.profile: required (the deployment has no profile)")
 
 
 def format_validation_error(source: str, err: ValidationError, model: type[BaseModel] | None = None) -> str:

@@ -35,12 +35,20 @@ Rules, in the order they bind:
 
 The grants are caps on each deployment's target: the shell gives each planner its grant as a
 per-role maximum, so that its decision is what the cluster runs.
+
+**Hardware variants.** A deployment that lists variants (GPU type, GPUs per engine, profile,
+price) has its wish split over them first (app/core/fleet_variants.py: cheapest per unit of
+SLA-meeting capacity grown first, dearest shrunk first, each within the room its GPU type is
+expected to have); each variant then takes part in the rules above as a member of its own, named
+`deployment@variant`, with the deployment's priority. The guarantee belongs to the primary
+variant (the first listed); the max share bounds the split over all variants.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from app.core.fleet_types import (
     Cut,
@@ -53,7 +61,9 @@ from app.core.fleet_types import (
     Move,
     MoveReason,
     RoleGrant,
+    Variant,
 )
+from app.core.fleet_variants import expand_variants
 from app.core.types import Role
 
 __all__ = [
@@ -67,7 +77,9 @@ __all__ = [
     "Move",
     "MoveReason",
     "RoleGrant",
+    "Variant",
     "attainment_proxy",
+    "expand_variants",
     "fleet_step",
 ]
 
@@ -142,6 +154,7 @@ def _shed_role(member: FleetMember, engines: Mapping[Role, int], floor: Mapping[
 def fleet_step(
     members: Sequence[FleetMember], settings: FleetSettings, state: FleetState, now_s: float
 ) -> FleetDecision:
+    members = expand_variants(members, settings, state)
     grants: dict[str, DeploymentGrant] = {}
     moves: list[Move] = []
     free: dict[str, int] = {}
@@ -162,7 +175,10 @@ def fleet_step(
                     changed_at[role] = now_s
             next_grants[member.name] = dict(engines)
             next_changed[member.name] = changed_at
-            grants[member.name] = result.grant(member, previous)
+            grant = result.grant(member, previous)
+            if member.variant is not None:
+                grant = replace(grant, variant=member.variant, deployment=member.deployment)
+            grants[member.name] = grant
     return FleetDecision(
         grants=grants,
         moves=tuple(moves),

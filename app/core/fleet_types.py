@@ -4,12 +4,32 @@ the `Cut`s that explain a cut, and the `Move`s of the tick). The rules are in ap
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from app.core.types import Role
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One kind of engine a deployment may run."""
+
+    name: str
+    gpu_type: str
+    gpus_per_engine: Mapping[Role, int]
+    # Per engine, at the deployment's SLA targets: prefill tokens/s, decode requests held.
+    capacity: Mapping[Role, float]
+    price_per_gpu_hour: float
+
+    def cost_per_unit(self, role: Role) -> float:
+        """Price per hour of one unit of the role's SLA-meeting capacity (inf: no capacity)."""
+        capacity = self.capacity.get(role, 0.0)
+        if capacity <= 0:
+            return math.inf
+        return self.price_per_gpu_hour * self.gpus_per_engine.get(role, 1) / capacity
 
 
 class GrantReason(StrEnum):
@@ -35,6 +55,13 @@ class FleetMember:
     max_gpus: int | None  # None: up to the budget
     gpus_per_engine: Mapping[Role, int]
     wish: Mapping[Role, int]  # engines its own planner wants now, per role
+    # Hardware variants (app/core/fleet_variants.py), the primary first: `wish` is in engines of
+    # the primary, and the fleet step splits it over the variants. Empty: one kind of engine,
+    # `gpu_type` and `gpus_per_engine` above.
+    variants: tuple[Variant, ...] = ()
+    # Set by the fleet step on the per-variant members it makes of a member with variants.
+    variant: str | None = None
+    deployment: str | None = None
 
 
 @dataclass(frozen=True)
@@ -89,13 +116,18 @@ class DeploymentGrant:
     attainment_proxy: float  # share of the wish met, averaged over roles (rule 4)
     changed: bool  # any role's grant differs from the previous one
     cut_by: tuple[Cut, ...] = ()  # empty unless cut by the budget
+    # A grant of one hardware variant: `name` is `deployment@variant`.
+    variant: str | None = None
+    deployment: str | None = None
 
     @property
     def engines(self) -> dict[Role, int]:
         return {role: g.engines for role, g in self.roles.items()}
 
     def as_dict(self) -> dict[str, Any]:
+        variant = {} if self.variant is None else {"deployment": self.deployment, "variant": self.variant}
         return {
+            **variant,
             "gpu_type": self.gpu_type,
             "priority": self.priority,
             "gpus": self.gpus,
@@ -139,10 +171,18 @@ class Move:
 
 @dataclass(frozen=True)
 class FleetDecision:
+    # By deployment name; a deployment with variants has one grant per variant instead, under
+    # `deployment@variant` (`of_deployment` gathers them).
     grants: Mapping[str, DeploymentGrant]
     moves: tuple[Move, ...]
     free_gpus: Mapping[str, int]  # per GPU type, after the grants
     state: FleetState  # the next call's `state`
+
+    def of_deployment(self, name: str) -> dict[str | None, DeploymentGrant]:
+        """A deployment's grants by variant (`{None: grant}` for one without variants)."""
+        if name in self.grants:
+            return {None: self.grants[name]}
+        return {g.variant: g for g in self.grants.values() if g.deployment == name}
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -13,7 +13,10 @@ and then, by policy:
   type (the planner's own GPU-budget stage), whatever the others do;
 - `fcfs`: independent planners that ignore each other, clipped at the budget first come first
   served: a scale-up gets the free GPUs in the order the requests became unmet, and an engine
-  once granted is kept until its own planner lets it go (pods pending on a full cluster).
+  once granted is kept until its own planner lets it go (pods pending on a full cluster);
+- `oracle`: no planner; every deployment's clairvoyant schedule, its r* cut to the budget by the
+  fleet step (app/sim/fleet_oracle.py). Every policy's run computes it, so that each reports
+  its GPU-hours over the oracle's.
 
 Engines being drained still hold their GPUs, so the GPUs billed at one moment may briefly exceed
 the budget by the engines finishing their requests; `peak_billed_gpus` reports it. A deployment
@@ -44,17 +47,20 @@ from app.config import (
     validate_deployments,
 )
 from app.core.fleet import FleetDecision, FleetMember, FleetSettings, FleetState, fleet_step
+from app.core.fleet_variants import Variant, variant_key
 from app.core.traces import TraceRequest
 from app.core.types import ActiveOverrides, Role
 from app.embedding import EmbeddedPlanner, TickInput, TrafficWindow
 from app.sim.cluster import ROLES, Cluster
 from app.sim.config import ReplayConfig, SimulationConfig, _SimulationSection
+from app.sim.fleet_oracle import FleetOracle, fleet_oracle
 from app.sim.frontend import FrontendCounters
 from app.sim.outputs import summarize
 from app.sim.replay import load_models
 from app.sim.results import DecisionEvent, ReplayResult
+from app.sim.variant_cluster import VariantCluster
 
-FLEET_POLICIES = ("fleet", "equal", "fcfs")
+FLEET_POLICIES = ("fleet", "equal", "fcfs", "oracle")
 
 
 class TraceSpec(Strict):
@@ -187,6 +193,8 @@ class _Member:
     counters: Any = None
     pending_since: dict[str, float] = field(default_factory=dict)  # fcfs: unmet since
     end_s: float | None = None
+    variants: tuple[Variant, ...] = ()  # hardware variants: `cluster` is a VariantCluster
+    mix: dict[str, dict[str, int]] | None = None  # the fleet's grant per role and variant
 
     @property
     def name(self) -> str:
@@ -205,6 +213,10 @@ class FleetRunResult:
     peak_billed_gpus: dict[str, int]  # per GPU type
     grants_log: list[dict[str, Any]]  # one row per (tick, deployment, role) whose grant changed
     wall_s: float
+    oracle: FleetOracle | None = None
+    # Deployments with hardware variants: GPU-hours per variant, and their cost at its price.
+    variant_gpu_hours: dict[str, dict[str, float]] = field(default_factory=dict)
+    cost: dict[str, float] = field(default_factory=dict)
 
 
 def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False) -> FleetRunResult:
@@ -215,34 +227,67 @@ def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False)
     by_type: dict[str, list[str]] = {}
     for d in config.deployments:
         by_type.setdefault(fleet.member(d.name).gpu_type or "", []).append(d.name)
+    worlds = {}
+    for d in config.deployments:
+        _, truth = load_models(config.replay_config(d))
+        worlds[d.name] = (truth, load_fleet_requests(config, d.name))
+    # The yardstick of every policy, and the schedule the oracle policy runs.
+    oracle = fleet_oracle(
+        config.deployments,
+        fleet,
+        {name: requests for name, (_, requests) in worlds.items()},
+        {name: truth for name, (truth, _) in worlds.items()},
+        interval_s=sim.oracle.interval_s,
+        startup_delay_s=sim.startup_delay_s,
+        quantile=sim.oracle.quantile,
+    )
     members: list[_Member] = []
     for d in config.deployments:
+        if fleet.member(d.name).variants and policy != "fleet":
+            raise ConfigError(
+                f"--fleet-policy {policy}: fleet.deployments.{d.name}.variants: hardware variants "
+                "are replayed with the fleet policy only"
+            )
         gpu_type = fleet.member(d.name).gpu_type or ""
         deployment = d
         if policy == "equal":
             # A static partition: the budget of its type, shared equally, as its own GPU budget.
             share = fleet.budget_gpus[gpu_type] // len(by_type[gpu_type])
             deployment = d.model_copy(update={"gpu_budget": share})
-        replay = config.replay_config(deployment)
-        _, truth = load_models(replay)
-        requests = load_fleet_requests(config, d.name)
+        truth, requests = worlds[d.name]
         initial = {
             "prefill": sim.initial_prefill if sim.initial_prefill is not None else d.prefill.min_replicas,
             "decode": sim.initial_decode if sim.initial_decode is not None else d.decode.min_replicas,
         }
+        if policy == "oracle":
+            initial = {role: oracle.schedule[d.name][role].initial for role in ROLES}
         gpus = {role: d.role(role).gpus_per_engine for role in ROLES}
         planner = EmbeddedPlanner.from_config(deployment, base_dir=config.base_dir)
-        cluster = Cluster(
-            truth,
-            requests,
-            initial=initial,
-            startup_delay_s=sim.startup_delay_s,
-            gpus_per_engine=gpus,
-            model_name=d.model_name or d.name,
-            record_roles=("prefill",),
-        )
+        variants: tuple[Variant, ...] = ()
+        if fleet.member(d.name).variants:
+            variants, cluster = _variant_cluster(config, d, requests, initial)
+        else:
+            cluster = Cluster(
+                truth,
+                requests,
+                initial=initial,
+                startup_delay_s=sim.startup_delay_s,
+                gpus_per_engine=gpus,
+                model_name=d.model_name or d.name,
+                record_roles=("prefill",),
+            )
         members.append(
-            _Member(d, requests, cluster, planner, gpus, gpu_type, planner.initial_tick_s(), dict(initial))
+            _Member(
+                d,
+                requests,
+                cluster,
+                planner,
+                gpus,
+                gpu_type,
+                planner.initial_tick_s(),
+                dict(initial),
+                variants=variants,
+            )
         )
     state = FleetState()
     log: list[dict[str, Any]] = []
@@ -262,14 +307,23 @@ def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False)
             decision = _fleet_grants(members, config, state, now)
             state = decision.state
             for m in members:
+                if m.variants:
+                    _variant_grant(m, decision, now, log)
+                    continue
                 grant = dict(decision.grants[m.name].engines)
                 if m.grant is None or grant != m.grant:
                     # The first grant is logged (the grants replay from the log) but not a change.
                     m.grant_changes += m.grant is not None
                     log.extend(_log_rows(now, m, grant, decision))
                 m.grant = grant
+        if policy == "oracle":
+            for m in live:
+                for role in ROLES:
+                    count = oracle.schedule[m.name][role].count_at(now)
+                    if count != m.cluster.targets[role]:
+                        m.cluster.set_target(role, count)
         for m in live:
-            if m.next_tick_s <= now:
+            if policy != "oracle" and m.next_tick_s <= now:
                 _tick(m, now, with_caps=policy == "fleet")
         if policy == "fcfs":
             _first_come_first_served(live, fleet.budget_gpus, now, log)
@@ -283,14 +337,28 @@ def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False)
             billed = sum(
                 m.cluster.counts(role)[0] * m.gpus_per_engine[role]
                 for m in live
-                if m.gpu_type == gpu_type
+                if m.gpu_type == gpu_type and not m.variants
                 for role in ROLES
-            )
+            ) + sum(m.cluster.billed_gpus().get(gpu_type, 0) for m in live if m.variants)  # type: ignore[attr-defined]
             peak_billed[gpu_type] = max(peak_billed[gpu_type], billed)
         if progress and now - last_progress >= 300:
             last_progress = now
             print(f"  {policy}: {now:.0f} simulated s", file=sys.stderr)
-    results = {m.name: _result(m, config, policy) for m in members}
+    if policy == "oracle":
+        for m in members:  # its wish is r* cut to the budget
+            fitted = oracle.fitted[m.name]
+            m.peak_wish_gpus = max(
+                (m.gpus({role: fitted[role][k] for role in ROLES}) for k in range(len(fitted["prefill"]))),
+                default=0,
+            )
+    results = {m.name: _result(m, config, policy, oracle.gpu_hours[m.name]) for m in members}
+    variant_hours, cost = {}, {}
+    for m in members:
+        if m.variants:
+            end_s = m.end_s if m.end_s is not None else m.cluster.now
+            seconds = m.cluster.variant_gpu_seconds(at_s=end_s)  # type: ignore[attr-defined]
+            variant_hours[m.name] = {v: gpu_s / 3600.0 for v, gpu_s in seconds.items()}
+            cost[m.name] = m.cluster.cost(at_s=end_s)  # type: ignore[attr-defined]
     return FleetRunResult(
         policy=policy,
         results=results,
@@ -299,6 +367,9 @@ def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False)
         peak_billed_gpus=peak_billed,
         grants_log=log,
         wall_s=time.perf_counter() - started,
+        oracle=oracle,
+        variant_gpu_hours=variant_hours,
+        cost=cost,
     )
 
 
@@ -319,10 +390,74 @@ def _fleet_grants(
                 max_gpus=entry.max_gpus,
                 gpus_per_engine=m.gpus_per_engine,  # type: ignore[arg-type]
                 wish=wish,  # type: ignore[arg-type]
+                variants=m.variants,
             )
         )
     settings = FleetSettings(budget_gpus=fleet.budget_gpus, margin=fleet.margin, hold_s=fleet.hold_s)
     return fleet_step(view, settings, state, now)
+
+
+def _variant_cluster(
+    config: FleetReplayConfig, d: DeploymentConfig, requests: list[TraceRequest], initial: dict[str, int]
+) -> tuple[tuple[Variant, ...], VariantCluster]:
+    """Each variant's engines on a truth model of its own profile (the world's settings of
+    `load_models`, on the variant's perf model)."""
+    from app.fleet_hardware import load_variants, variant_models
+    from app.planner_setup import DEFAULT_MAX_NUM_BATCHED_TOKENS
+    from app.sim.truth import TruthModel
+
+    sim, entry = config.simulation, config.fleet.member(d.name)
+    variants = load_variants(d, entry, config.base_dir)
+    truths = {
+        name: TruthModel(
+            model,
+            scale=sim.truth_scale,
+            max_num_batched_tokens=d.prefill.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            max_kv_tokens=d.decode.max_kv_tokens,
+            world=sim.truth,
+            max_num_seqs=d.decode.max_num_seqs,
+        )
+        for name, model in variant_models(d, entry, config.base_dir)
+    }
+    cluster = VariantCluster(
+        variants,
+        truths,
+        requests,
+        initial=initial,
+        startup_delay_s=sim.startup_delay_s,
+        model_name=d.model_name or d.name,
+        record_roles=("prefill",),
+    )
+    return variants, cluster
+
+
+def _variant_grant(m: _Member, decision: FleetDecision, now: float, log: list[dict[str, Any]]) -> None:
+    """A deployment with variants: its grant per variant runs on its cluster, and its planner
+    gets the grant in engines of its primary variant (capacity-equivalent) as its cap."""
+    mix = {
+        role: {v.name: decision.grants[variant_key(m.name, v.name)].engines.get(role, 0) for v in m.variants}  # type: ignore[call-overload]
+        for role in ROLES
+    }
+    if m.mix is None or mix != m.mix:
+        m.grant_changes += m.mix is not None
+        for v in m.variants:
+            g = decision.grants[variant_key(m.name, v.name)]
+            cut_by = "; ".join(f"{c.by}: {c.why}" for c in g.cut_by)
+            for role in ROLES:
+                if m.mix is None or mix[role][v.name] != m.mix[role][v.name]:
+                    log.append(
+                        {
+                            "at_s": now,
+                            "deployment": g.name,
+                            "role": role,
+                            "wish": g.roles[role].wish,  # type: ignore[index]
+                            "grant": mix[role][v.name],
+                            "reason": f"{g.roles[role].reason}: {g.roles[role].detail}",  # type: ignore[index]
+                            "cut_by": cut_by,
+                        }
+                    )
+    m.mix = mix
+    m.grant = m.cluster.set_grant(mix)  # type: ignore[attr-defined]
 
 
 def _tick(m: _Member, now: float, *, with_caps: bool) -> None:
@@ -433,7 +568,7 @@ def _log_rows(now: float, m: _Member, grant: dict[str, int], decision: FleetDeci
     ]
 
 
-def _result(m: _Member, config: FleetReplayConfig, policy: str) -> ReplayResult:
+def _result(m: _Member, config: FleetReplayConfig, policy: str, oracle_gpu_hours: float) -> ReplayResult:
     sim, d = config.simulation, m.deployment
     end_s = m.end_s if m.end_s is not None else m.cluster.now
     return ReplayResult(
@@ -448,7 +583,7 @@ def _result(m: _Member, config: FleetReplayConfig, policy: str) -> ReplayResult:
         timeline=m.cluster.timeline,
         decisions=m.decisions,
         gpu_hours=m.cluster.gpu_seconds(at_s=end_s) / 3600.0,
-        oracle_gpu_hours=0.0,  # no oracle for a fleet: the budget, not the trace alone, binds
+        oracle_gpu_hours=oracle_gpu_hours,  # the fleet oracle's, within the budget
         oracle_timeline=[],
         end_s=end_s,
         wall_s=0.0,
@@ -475,13 +610,20 @@ def fleet_summary(config: FleetReplayConfig, run: FleetRunResult) -> dict[str, A
             "ttft_attainment": s["ttft_attainment"],
             "itl_attainment": s["itl_attainment"],
             "gpu_hours": s["gpu_hours"],
+            "oracle_gpu_hours": result.oracle_gpu_hours,
             "grant_changes": run.grant_changes[name],
             "scaling_actions": s["scaling_actions"],
             "peak_wish_gpus": run.peak_wish_gpus[name],
+            **(
+                {"gpu_hours_by_variant": run.variant_gpu_hours[name], "cost": run.cost[name]}
+                if name in run.cost
+                else {}
+            ),
             "simulated_s": s["simulated_s"],
         }
         met += round((s["slo_attainment"] or 0.0) * s["requests"])
         total += s["requests"]
+    oracle_hours = sum(d["oracle_gpu_hours"] for d in deployments.values())
     return {
         "policy": run.policy,
         "config": str(config.path),
@@ -491,6 +633,12 @@ def fleet_summary(config: FleetReplayConfig, run: FleetRunResult) -> dict[str, A
         "hold_s": config.fleet.hold_s,
         "slo_attainment": met / total if total else None,
         "gpu_hours": sum(d["gpu_hours"] for d in deployments.values()),
+        # The fleet oracle's plan (scheduled GPU-hours, as the single replay's oracle_gpu_hours).
+        "oracle_gpu_hours": oracle_hours,
+        "gpu_hours_over_oracle": (
+            sum(d["gpu_hours"] for d in deployments.values()) / oracle_hours if oracle_hours else None
+        ),
+        "oracle_cut_intervals": run.oracle.cut_intervals if run.oracle is not None else None,
         "grant_changes": sum(run.grant_changes.values()),
         "deployments": deployments,
         "wall_s": run.wall_s,
