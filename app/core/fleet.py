@@ -364,8 +364,13 @@ class _GroupStep:
             if got >= want:
                 roles[role] = RoleGrant(got, want, GrantReason.WISH_MET, f"granted its wish of {want}")
                 continue
-            if gpus + m.gpus_per_engine.get(role, 1) > limit:
+            if gpus + m.gpus_per_engine.get(role, 1) > limit and limit < self.budget:
                 reason, detail = GrantReason.CUT_MAX_SHARE, f"{got} of {want}: max share of {limit:g} GPUs"
+            elif gpus + m.gpus_per_engine.get(role, 1) > limit:
+                # No max share below the budget: the wish is larger than the whole GPU type.
+                reason = GrantReason.CUT_BUDGET
+                detail = f"{got} of {want}: more than the whole {m.gpu_type} budget of {self.budget} GPUs"
+                cut_budget = True
             elif m.name in self.held:
                 reason = GrantReason.HELD
                 detail = (

@@ -88,6 +88,16 @@ CASES = [
         reasons={"hi": GrantReason.CUT_MAX_SHARE, "lo": GrantReason.CUT_BUDGET},
     ),
     Case(
+        name="a-wish-above-the-whole-budget-is-a-budget-cut",
+        why="solo wishes 12 of an 8-GPU type and has no max share of its own: the budget cut "
+        "it, not a max share",
+        members=[member("solo", 12)],
+        budget=8,
+        previous={},
+        expect={"solo": 8},
+        reasons={"solo": GrantReason.CUT_BUDGET},
+    ),
+    Case(
         name="guarantee-kept-under-pressure",
         why="hi (priority 5) wants all 10 GPUs; lo is guaranteed 3 and holds 4: hi takes lo's "
         "unguaranteed 4th engine, never the 3 guaranteed ones",
