@@ -153,13 +153,27 @@ def test_a_queued_request_wakes_the_deployment_on_the_very_next_tick(h200: PerfM
 
 def test_requests_whose_lengths_are_unknown_yet_wake_it_with_one_engine_each(h200: PerfModel) -> None:
     # At zero no request completes, so the frontend has no mean ISL or OSL to size with: the
-    # wake must not wait for one (the request would wait as long).
+    # wake must not wait for one (the request would wait as long). A deployment that never saw
+    # a length gets one engine of each role.
     run = Run(h200, settings(h200))
-    run.tick(10)
     run.quiet(QUIET_S + 20)
+    assert run.at_zero
     result = run.tick(3, queued=3, lengths_known=False)
     assert result.reason == SlaReason.WAKE_UP
     assert result.replicas == {"prefill": 1, "decode": 1}
+
+
+def test_a_burst_at_zero_is_sized_with_the_lengths_last_seen(h200: PerfModel) -> None:
+    # A burst queued at zero: sized at once from the burst's count and the lengths seen before
+    # the quiet period, not one engine now and the rest a start-up later.
+    run = Run(h200, settings(h200))
+    run.tick(10)
+    run.quiet(QUIET_S + 20)
+    assert run.at_zero
+    burst = run.tick(500, queued=500, lengths_known=False)
+    assert burst.reason == SlaReason.WAKE_UP
+    assert burst.replicas is not None and burst.replicas["prefill"] > 1
+    assert burst.diagnostics["demand"]["isl_mean"] == 2000.0
 
 
 def test_an_arrival_wakes_it_too_and_the_wake_skips_the_scale_down_hold(h200: PerfModel) -> None:

@@ -108,7 +108,11 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
     if model is None or state.latency is None:
         woken = _bare_wake(state, inp, settings, seen, diagnostics)
         return woken or SlaResult(None, SlaReason.MODEL_NOT_READY, "no performance model", diagnostics)
-    demand = demand_at(state, now, lead_s, settings)
+    # With scale to zero, the lengths last seen size a wake: the requests queued at zero have not
+    # completed, and waiting for their lengths would leave the second wave of engines a start-up
+    # behind the first. Off, unchanged: no request length known is no demand known.
+    fallback = state.lengths if settings.scale_to_zero.enabled else None
+    demand = demand_at(state, now, lead_s, settings, fallback_lengths=fallback)
     if demand is None:
         # At zero this is the usual case of a wake: the requests that arrived are still queued,
         # none has completed, so the frontend has no mean length to size with yet.

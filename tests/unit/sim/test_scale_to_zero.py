@@ -98,3 +98,44 @@ def test_the_frontend_queues_requests_while_no_engine_serves() -> None:
     cluster.set_target("decode", 1)
     cluster.run_until(10.0 + STARTUP_S + 0.001)
     assert cluster.frontend.queued == 0
+
+
+def test_the_fleet_replay_reports_the_wake_ups_of_a_deployment_that_may_scale_to_zero(tmp_path, capsys) -> None:
+    import json
+
+    from app.cli import main as planner_main
+    from app.config import REPO_ROOT
+
+    profile = REPO_ROOT / "data" / "profiles" / "h200-llama3.1-8b-fp8"
+
+    def deployment(name: str, scaling: str = "", minimum: int = 1) -> str:
+        return (
+            f"{{name: {name}, connector: {{type: virtual}}, sla: {{ttft_ms: 1000, itl_ms: 30}}, "
+            f"profile: {profile}, prefill: {{min_replicas: {minimum}}}, decode: {{min_replicas: {minimum}}}, "
+            f"scaling: {{algorithm: sla{scaling}}}}}"
+        )
+
+    (tmp_path / "fleet.yaml").write_text(
+        "deployments:\n"
+        f"  - {deployment('chat')}\n"
+        f"  - {deployment('code', ', scale_to_zero: {enabled: true, quiet_s: 20}', minimum=0)}\n"
+        "fleet:\n"
+        "  budget_gpus: {h200: 6}\n"
+        "  deployments: {chat: {priority: 1, guaranteed_gpus: 2}}\n"
+        "simulation:\n"
+        f"  startup_delay_s: {STARTUP_S:g}\n"
+        "  traces:\n"
+        "    chat: {workload: diurnal, rate_scale: 0.02, duration_s: 400}\n"
+        "    code: {workload: bursty-gaps, rate_scale: 0.01, duration_s: 400}\n"
+    )
+    out = tmp_path / "out"
+    code = planner_main(["replay", "--config", str(tmp_path / "fleet.yaml"), "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert "scale_to_zero" not in summary["deployments"]["chat"]
+    zero = summary["deployments"]["code"]["scale_to_zero"]
+    assert zero["wake_ups"] >= 1 and zero["zero_s"] > 0
+    for wake in zero["wake_up_events"]:
+        # The first request after a gap waits for the start-up (and one fleet step for a grant).
+        assert wake["first_request_ttft_ms"] >= STARTUP_S * 1000
+        assert wake["requests_waited"] >= 1
