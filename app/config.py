@@ -462,6 +462,7 @@ class Settings(BaseSettings):
         if ttl_s is not None and renew_s >= ttl_s:
             raise ValueError(f"must be shorter than PLANNER_LEASE_TTL_S ({ttl_s:g} s)")
         return renew_s
+
     # Demo knob: the service's clock is the one another process drives through this file
     # (`planner demo`'s simulated clock, app/workers/clock.py SharedClock); overrides time_scale.
     clock_file: str | None = None

@@ -17,9 +17,9 @@ from app.sources.traffic_common import (
     INPUT_SEQUENCE_TOKENS,
     ITL_SECONDS,
     OUTPUT_SEQUENCE_TOKENS,
+    QUEUED_REQUESTS,
     REQUEST_DURATION_SECONDS,
     REQUESTS_STARTED_TOTAL,
-    QUEUED_REQUESTS,
     REQUESTS_TOTAL,
     TTFT_SECONDS,
 )
@@ -142,7 +142,10 @@ class FrontendCounters:
         for name, value in ((REQUESTS_STARTED_TOTAL, self.started), (REQUESTS_TOTAL, self.completed)):
             family = name.removesuffix("_total")
             lines += [f"# TYPE {family} counter", f"{name}{{{label}}} {value}"]
-        for name, value in ((QUEUED_REQUESTS, self.queued), (INFLIGHT_REQUESTS, self.started - self.completed)):
+        for name, value in (
+            (QUEUED_REQUESTS, self.queued),
+            (INFLIGHT_REQUESTS, self.started - self.completed),
+        ):
             lines += [f"# TYPE {name} gauge", f"{name}{{{label}}} {value}"]
         names = {
             "ttft_ms": TTFT_SECONDS,

@@ -39,12 +39,12 @@ shape) or `status: error` raise `SourceUnavailableError("prometheus", reason)`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import re
 import time
 from collections.abc import Mapping
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, cast
 

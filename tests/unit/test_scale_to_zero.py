@@ -23,8 +23,8 @@ from app.core.sla.step import sla_step
 from app.core.sla.types import SlaInput, SlaReason, SlaResult, TrafficSample
 from app.core.types import Role, RoleBounds
 from app.sources.frontend_scrape import FrontendScrapeSource, gauge_values, parse_metrics
-from app.sources.prometheus import PrometheusSource, frontend_queries
 from app.sources.profile_files import load_profile
+from app.sources.prometheus import PrometheusSource, frontend_queries
 from tests.support import demo_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -226,11 +226,16 @@ def _load(tmp_path: Path, **overrides: object):
     return load_deployments(path)
 
 
-ZERO_MIN = {"prefill": {"min_replicas": 0, "max_replicas": 8}, "decode": {"min_replicas": 0, "max_replicas": 8}}
+ZERO_MIN = {
+    "prefill": {"min_replicas": 0, "max_replicas": 8},
+    "decode": {"min_replicas": 0, "max_replicas": 8},
+}
 
 
 def test_the_file_enables_it_per_deployment(tmp_path: Path) -> None:
-    config = _load(tmp_path, scaling={"algorithm": "sla", "scale_to_zero": {"enabled": True, "quiet_s": 300}}, **ZERO_MIN)
+    config = _load(
+        tmp_path, scaling={"algorithm": "sla", "scale_to_zero": {"enabled": True, "quiet_s": 300}}, **ZERO_MIN
+    )
     zero = config.deployments[0].scaling.scale_to_zero
     assert (zero.enabled, zero.quiet_s) == (True, 300)
     assert _load(tmp_path).deployments[0].scaling.scale_to_zero.enabled is False
@@ -245,7 +250,11 @@ def test_the_file_enables_it_per_deployment(tmp_path: Path) -> None:
             {"prefill": {"min_replicas": 0}, "decode": {"min_replicas": 1}},
             "decode.min_replicas",
         ),
-        ({"algorithm": "seed", "scale_to_zero": {"enabled": True}}, ZERO_MIN, "scaling.scale_to_zero.enabled"),
+        (
+            {"algorithm": "seed", "scale_to_zero": {"enabled": True}},
+            ZERO_MIN,
+            "scaling.scale_to_zero.enabled",
+        ),
         ({"algorithm": "sla", "scale_to_zero": {"enabled": True, "quiet_s": 0}}, ZERO_MIN, "quiet_s"),
     ],
     ids=["min-replicas-1", "decode-min-1", "seed-algorithm", "quiet-s-0"],
@@ -264,7 +273,8 @@ def _dynamo_text(queued: int, inflight: int) -> str:
     text = DYNAMO_METRICS.read_text()
     assert 'dynamo_frontend_queued_requests{model="tiny"} 0' in text  # the recorded sample has it
     return text.replace(
-        'dynamo_frontend_queued_requests{model="tiny"} 0', f'dynamo_frontend_queued_requests{{model="tiny"}} {queued}'
+        'dynamo_frontend_queued_requests{model="tiny"} 0',
+        f'dynamo_frontend_queued_requests{{model="tiny"}} {queued}',
     ).replace(
         'dynamo_frontend_inflight_requests{model="tiny"} 0',
         f'dynamo_frontend_inflight_requests{{model="tiny"}} {inflight}',
@@ -309,16 +319,24 @@ async def test_prometheus_reads_the_gauges_latest_value() -> None:
         queries.gauges["queued_requests"]: [({"model": "tiny"}, "4"), ({"model": "other"}, "9")],
         queries.gauges["inflight_requests"]: [({"model": "tiny"}, "6")],
     }
-    assert queries.gauges["queued_requests"] == "sum by (model, dynamo_namespace) (dynamo_frontend_queued_requests)"
+    assert (
+        queries.gauges["queued_requests"]
+        == "sum by (model, dynamo_namespace) (dynamo_frontend_queued_requests)"
+    )
 
     def serve(request: httpx.Request) -> httpx.Response:
         result = [
-            {"metric": labels, "value": [0, value]} for labels, value in answers.get(request.url.params["query"], [])
+            {"metric": labels, "value": [0, value]}
+            for labels, value in answers.get(request.url.params["query"], [])
         ]
-        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": result}})
+        return httpx.Response(
+            200, json={"status": "success", "data": {"resultType": "vector", "result": result}}
+        )
 
     source = PrometheusSource(
-        "http://prometheus.test:9090", model_name="tiny", client=httpx.AsyncClient(transport=httpx.MockTransport(serve))
+        "http://prometheus.test:9090",
+        model_name="tiny",
+        client=httpx.AsyncClient(transport=httpx.MockTransport(serve)),
     )
     obs = await source.observe(30)
     assert (obs.queued_requests, obs.inflight_requests) == (4.0, 6.0)

@@ -53,7 +53,10 @@ def test_every_scaling_field_reaches_the_settings_with_its_value(tmp_path: Path)
     assert all(given[k] != _plain(getattr(defaults, k)) for k in given)
     path = tmp_path / "deployments.yaml"
     # Scale to zero needs both minimums at 0 (app/config.py).
-    zero_minimums = {"prefill": {"min_replicas": 0, "max_replicas": 8}, "decode": {"min_replicas": 0, "max_replicas": 8}}
+    zero_minimums = {
+        "prefill": {"min_replicas": 0, "max_replicas": 8},
+        "decode": {"min_replicas": 0, "max_replicas": 8},
+    }
     path.write_text(yaml.safe_dump(demo_config(scaling=given, **zero_minimums)))
     deployment = load_deployments(path).deployments[0]
 

@@ -117,7 +117,9 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         # At zero this is the usual case of a wake: the requests that arrived are still queued,
         # none has completed, so the frontend has no mean length to size with yet.
         woken = _bare_wake(state, inp, settings, seen, diagnostics)
-        return woken or SlaResult(None, SlaReason.NO_TRAFFIC_DATA, "no traffic in the level window", diagnostics)
+        return woken or SlaResult(
+            None, SlaReason.NO_TRAFFIC_DATA, "no traffic in the level window", diagnostics
+        )
     if demand.isl > 0:
         state.lengths = (demand.isl, demand.osl)
     diagnostics["demand"] = {
@@ -245,7 +247,10 @@ def _bare_wake(
         "queued_requests": inp.traffic.queued_requests if inp.traffic else None,
         "inflight_requests": inp.traffic.inflight_requests if inp.traffic else None,
     }
-    detail = "; ".join(f"{role} {inp.expected.get(role, 0)}->{n} (wake_up, no demand known yet)" for role, n in target.items())
+    detail = "; ".join(
+        f"{role} {inp.expected.get(role, 0)}->{n} (wake_up, no demand known yet)"
+        for role, n in target.items()
+    )
     return SlaResult(target, SlaReason.WAKE_UP, detail, diagnostics)
 
 

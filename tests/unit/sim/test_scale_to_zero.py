@@ -12,9 +12,9 @@ import pytest
 from app.core.traces import TraceRequest
 from app.sim.cluster import Cluster
 from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.frontend import FrontendCounters
 from app.sim.outputs import summarize
 from app.sim.replay import build_world, make_policy, run_policy
-from app.sim.frontend import FrontendCounters
 
 STARTUP_S = 30.0
 QUIET_S = 60.0
@@ -88,7 +88,9 @@ def test_the_frontend_queues_requests_while_no_engine_serves() -> None:
     # The simulated frontend's gauge, which the planner wakes on: requests at the router.
     config = with_overrides(load_replay_config(DEFAULT_REPLAY_CONFIG), startup_delay_s=STARTUP_S)
     world = build_world(config, _poisson(5, 0, 10, 3))
-    cluster = Cluster(world.truth, world.requests, initial={"prefill": 0, "decode": 0}, startup_delay_s=STARTUP_S)
+    cluster = Cluster(
+        world.truth, world.requests, initial={"prefill": 0, "decode": 0}, startup_delay_s=STARTUP_S
+    )
     cluster.run_until(10.0)
     arrived = sum(1 for r in world.requests if r.arrival_s <= 10.0)
     window = FrontendCounters.window(FrontendCounters().snapshot(0.0), cluster.frontend.snapshot(10.0))
@@ -100,7 +102,9 @@ def test_the_frontend_queues_requests_while_no_engine_serves() -> None:
     assert cluster.frontend.queued == 0
 
 
-def test_the_fleet_replay_reports_the_wake_ups_of_a_deployment_that_may_scale_to_zero(tmp_path, capsys) -> None:
+def test_the_fleet_replay_reports_the_wake_ups_of_a_deployment_that_may_scale_to_zero(
+    tmp_path, capsys
+) -> None:
     import json
 
     from app.cli import main as planner_main
