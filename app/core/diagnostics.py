@@ -297,6 +297,7 @@ class ScaleToZeroDiagnostics(Record):
     quiet_for_s: Num = None  # since a request was last seen (arriving, queued or in flight)
     asleep: Flag = None  # at zero after this tick
     event: Text = None  # scaled_to_zero or wake_up on the tick that did it
+    return_likely: Flag = None  # the quiet-period outlook expects a return within a lead
     queued_requests: Num = None  # the frontend's gauges this tick read
     inflight_requests: Num = None
 

@@ -142,6 +142,7 @@ def with_overrides(
     rate_scale: float | None = None,
     modes: tuple[str, ...] | None = None,
     scale_to_zero_quiet_s: float | None = None,
+    scale_to_zero_forecast: bool = False,
 ) -> ReplayConfig:
     """The command line's flags over the file, for one run (None: keep the file's value).
     Paths given on the command line are relative to the current directory."""
@@ -165,6 +166,8 @@ def with_overrides(
     for role, gpus in (("prefill", prefill_gpus), ("decode", decode_gpus)):
         if gpus is not None:
             deployment_update[role] = d.role(role).model_copy(update={"gpus_per_engine": gpus})  # type: ignore[arg-type]
+    if scale_to_zero_forecast and scale_to_zero_quiet_s is None:
+        raise ConfigError("--zero-return-forecast: with --scale-to-zero QUIET_S")
     if scale_to_zero_quiet_s is not None:
         if modes is not None:
             raise ConfigError("--scale-to-zero: SLA scaling's (--policy planner), not the seed's --modes")
@@ -173,7 +176,13 @@ def with_overrides(
         for role in ("prefill", "decode"):
             base = deployment_update.get(role, d.role(role))
             deployment_update[role] = base.model_copy(update={"min_replicas": 0})
-        zero = d.scaling.scale_to_zero.model_copy(update={"enabled": True, "quiet_s": scale_to_zero_quiet_s})
+        zero = d.scaling.scale_to_zero.model_copy(
+            update={
+                "enabled": True,
+                "quiet_s": scale_to_zero_quiet_s,
+                "respect_return_forecast": scale_to_zero_forecast,
+            }
+        )
         deployment_update["scaling"] = d.scaling.model_copy(update={"scale_to_zero": zero})
     if truth is not None:
         try:

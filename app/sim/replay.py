@@ -320,6 +320,7 @@ def run_command(args: Any, *, started_s: float | None = None) -> int:
         rate_scale=args.rate_scale,
         modes=args.modes,
         scale_to_zero_quiet_s=getattr(args, "scale_to_zero_quiet_s", None),
+        scale_to_zero_forecast=bool(getattr(args, "scale_to_zero_forecast", False)),
     )
     trace = Path(args.trace)
     requests = load_requests(config, trace)
@@ -346,6 +347,7 @@ def run_command(args: Any, *, started_s: float | None = None) -> int:
     zero = config.deployment.scaling.scale_to_zero
     if zero.enabled:
         settings["scale_to_zero_quiet_s"] = zero.quiet_s
+        settings["scale_to_zero_respect_return_forecast"] = zero.respect_return_forecast
     note(f"replaying with policy {args.policy} ({time.perf_counter() - started_s:.1f} s wall so far)")
     progress = None if quiet else ProgressLines(f"replay {args.policy}", started_s=started_s)
     result = run_policy(world, policy, trace_name=trace.name, settings=settings, progress=progress)

@@ -217,6 +217,24 @@ def test_no_flapping_with_one_request_per_quiet_period(h200: PerfModel, every_s:
         assert events == ["scaled_to_zero", "wake_up"] * 10
 
 
+@pytest.mark.parametrize("respect", [False, True], ids=["quiet-s-alone", "respecting-the-return-forecast"])
+def test_the_return_forecast_keeps_it_awake_through_the_usual_gaps(h200: PerfModel, respect: bool) -> None:
+    # Bursts every 3 minutes with 100 s gaps: a return within a lead (the 120 s start-up
+    # estimate) is the rule. quiet_s alone sleeps in every gap; with the forecast respected it
+    # never does, and a silence longer than every learned gap still ends at zero.
+    zero = ScaleToZero(enabled=True, quiet_s=30.0, respect_return_forecast=respect)
+    run = Run(h200, settings(h200, scale_to_zero=zero))
+    for _ in range(6):
+        for _ in range(16):
+            run.tick(40)
+        run.quiet(100)
+    events = [r.diagnostics["zero"]["event"] for r in run.results if r.diagnostics.get("zero")]
+    sleeps = events.count("scaled_to_zero")
+    assert sleeps == (0 if respect else 6)
+    run.quiet(900)
+    assert run.at_zero
+
+
 # --- the deployments file -----------------------------------------------------------------------
 
 

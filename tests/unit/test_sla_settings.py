@@ -46,7 +46,7 @@ def test_every_scaling_field_reaches_the_settings_with_its_value(tmp_path: Path)
         "busy_check_min": 0.7,
         "quiet_fraction": 0.05,
         "quiet_keep_probability": 0.4,
-        "scale_to_zero": {"enabled": True, "quiet_s": 300.0},
+        "scale_to_zero": {"enabled": True, "quiet_s": 300.0, "respect_return_forecast": True},
     }
     defaults = ScalingConfig()
     assert set(given) | {"interval_s"} == set(ScalingConfig.model_fields)

@@ -25,6 +25,11 @@ class ScaleToZero(BaseModel):
         gt=0,
         description="how long no request may arrive, queue or be in flight before every engine goes",
     )
+    respect_return_forecast: bool = Field(
+        default=False,
+        description="also stay awake while the learned quiet periods say a return within a lead is "
+        "likely (quiet_keep_probability)",
+    )
 
 
 class SlaTuning(BaseModel):

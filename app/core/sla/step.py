@@ -157,15 +157,27 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         for role in wish:
             wish[role] = max(wish[role], min(1, settings.bounds[role].max_replicas))
         was_asleep = state.asleep
+        # The quiet-period outlook (quiet.py) expects a return within a lead: an engine let go
+        # now would be ordered back too late for it. The outlook starts once the trend level has
+        # fallen quiet; until then the trend window still holds the last burst, and says nothing.
+        if kept is not None:
+            return_likely = bool(kept["keep"])
+        else:
+            return_likely = any(
+                x.num_req > 0 for x in state.samples if x.end_s > now - settings.trend_window_s
+            )
         if state.asleep and seen:
             event, state.asleep = SlaReason.WAKE_UP, False
-        elif state.asleep or now - state.active_s >= zero.quiet_s:
+        elif state.asleep or (
+            now - state.active_s >= zero.quiet_s and not (zero.respect_return_forecast and return_likely)
+        ):
             event, state.asleep = SlaReason.SCALED_TO_ZERO, True
         diagnostics["zero"] = {
             "quiet_s": zero.quiet_s,
             "quiet_for_s": round(now - state.active_s, 1),
             "asleep": state.asleep,
             "event": str(event) if event and state.asleep != was_asleep else None,
+            "return_likely": return_likely,
             "queued_requests": inp.traffic.queued_requests if inp.traffic else None,
             "inflight_requests": inp.traffic.inflight_requests if inp.traffic else None,
         }
