@@ -87,6 +87,8 @@ class ObservedTraffic(Record):
     ttft_ms: Num = None
     itl_ms: Num = None
     request_duration_s: Num = None
+    queued_requests: Num = None  # the frontend's gauges at the window's end
+    inflight_requests: Num = None
 
 
 class Correction(Record):
