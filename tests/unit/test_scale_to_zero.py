@@ -359,3 +359,36 @@ async def test_prometheus_reads_the_gauges_latest_value() -> None:
     obs = await source.observe(30)
     assert (obs.queued_requests, obs.inflight_requests) == (4.0, 6.0)
     assert not math.isnan(obs.duration_s)
+
+
+# --- through the planner core, as `planner serve` and every embedder call it ---------------------
+
+
+def test_the_queued_gauge_reaches_the_step_through_the_planner(tmp_path: Path) -> None:
+    from app.embedding import EmbeddedPlanner, TickInput, TrafficWindow
+
+    scaling = {"algorithm": "sla", "scale_to_zero": {"enabled": True, "quiet_s": QUIET_S}}
+    deployment = _load(tmp_path, scaling=scaling, profile=str(H200), **ZERO_MIN).deployments[0]
+    planner = EmbeddedPlanner.from_config(deployment, base_dir=tmp_path)
+    engines = {"prefill": 1, "decode": 1}
+    now, reasons = 0.0, []
+
+    def tick(num_req: float, queued: float = 0.0) -> dict[str, int] | None:
+        nonlocal now, engines
+        now += TICK_S
+        known = 2000.0 if num_req else None
+        window = TrafficWindow(TICK_S, num_req, known, known and 150.0, queued_requests=queued)
+        out = planner.on_tick(TickInput(now_s=now, traffic=window, ready=engines, expected=engines))
+        reasons.append(out.diagnostics["sla"]["reason"])
+        if out.target is not None:
+            engines = dict(out.target)
+        return out.target
+
+    tick(10)
+    while engines != {"prefill": 0, "decode": 0}:
+        tick(0)
+        assert now <= 2 * QUIET_S
+    assert reasons[-1] == "scaled_to_zero"
+    # No arrival counted, one request waiting for an engine: the next tick orders engines.
+    target = tick(0, queued=1)
+    assert reasons[-1] == "wake_up" and target is not None and min(target.values()) >= 1
