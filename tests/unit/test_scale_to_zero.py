@@ -163,6 +163,15 @@ def test_requests_whose_lengths_are_unknown_yet_wake_it_with_one_engine_each(h20
     assert result.replicas == {"prefill": 1, "decode": 1}
 
 
+def test_a_deployment_that_starts_at_zero_wakes_on_its_first_request(h200: PerfModel) -> None:
+    # Minimums of 0 may start a deployment with no engine (the fleet replay does): its first
+    # requests cannot complete either, and must not wait for the trend window to empty.
+    run = Run(h200, settings(h200), expected={"prefill": 0, "decode": 0})
+    result = run.tick(20, queued=20, lengths_known=False)
+    assert result.reason == SlaReason.WAKE_UP
+    assert result.replicas == {"prefill": 1, "decode": 1}
+
+
 def test_a_burst_at_zero_is_sized_with_the_lengths_last_seen(h200: PerfModel) -> None:
     # A burst queued at zero: sized at once from the burst's count and the lengths seen before
     # the quiet period, not one engine now and the rest a start-up later.

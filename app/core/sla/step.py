@@ -242,8 +242,10 @@ def _bare_wake(
 ) -> SlaResult | None:
     """One engine of each role, when a request finds the deployment at zero and nothing yet
     says how many it needs (no model, or no request length known): waiting for a length would
-    leave the request queued for as long. None: no wake due."""
-    if not (settings.scale_to_zero.enabled and state.asleep and seen and inp.inventory_known):
+    leave the request queued for as long. At zero is asleep, or started with no engine (a
+    deployment whose minimums are 0 may start so). None: no wake due."""
+    at_zero = state.asleep or all(inp.expected.get(role, 0) == 0 for role in settings.bounds)
+    if not (settings.scale_to_zero.enabled and at_zero and seen and inp.inventory_known):
         return None
     state.asleep = False
     target = {role: max(1, inp.expected.get(role, 0)) for role in settings.bounds}
