@@ -69,10 +69,11 @@ class Run:
         queued: float | None = None,
         inflight: float | None = None,
         lengths_known: bool = True,
+        unknown: bool = False,
     ) -> SlaResult:
         self.now_s += TICK_S
         known = bool(num_req) and lengths_known
-        traffic = TrafficSample(
+        traffic: TrafficSample | None = TrafficSample(
             self.now_s,
             TICK_S,
             num_req,
@@ -81,6 +82,8 @@ class Run:
             queued_requests=queued,
             inflight_requests=inflight,
         )
+        if unknown:
+            traffic = None  # the source is down: nothing is known about the traffic
         result = sla_step(
             self.model,
             self.state,
@@ -133,6 +136,18 @@ def test_nothing_queued_or_in_flight_is_part_of_quiet(h200: PerfModel) -> None:
     while not run.at_zero:
         run.tick(0, inflight=0, queued=0)
     assert run.now_s - done_s == QUIET_S
+
+
+def test_unknown_traffic_is_never_quiet_while_awake_and_no_demand_while_asleep(h200: PerfModel) -> None:
+    run = Run(h200, settings(h200))
+    run.tick(10)
+    for _ in range(round(3 * QUIET_S / TICK_S)):
+        assert run.tick(0, unknown=True).reason != SlaReason.SCALED_TO_ZERO
+    run.quiet(QUIET_S)
+    assert run.at_zero
+    for _ in range(round(3 * QUIET_S / TICK_S)):
+        run.tick(0, unknown=True)
+        assert run.at_zero
 
 
 def test_a_queued_request_wakes_the_deployment_on_the_very_next_tick(h200: PerfModel) -> None:

@@ -83,9 +83,9 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
     interval_s = now - state.last_tick_s if state.last_tick_s is not None else None
     state.last_tick_s = now
     seen = _request_seen(inp)
-    if state.active_s is None or seen is not False and not (seen is None and state.asleep):
-        # The quiet period runs from the last request seen. Unknown traffic is not quiet while
-        # awake (a source outage must not release every engine), and no demand while asleep.
+    # The quiet period runs from the last request seen. Unknown traffic is not quiet while awake
+    # (a source outage must not release every engine), and no demand while asleep.
+    if state.active_s is None or seen or (seen is None and not state.asleep):
         state.active_s = now
     diagnostics: dict[str, Any] = {
         "scale": {r: round(s, 4) for r, s in state.scale.items()},
