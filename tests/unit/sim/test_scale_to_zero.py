@@ -5,6 +5,7 @@ engine has started, and summary.json reports that wake-up and its TTFT."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -143,3 +144,23 @@ def test_the_fleet_replay_reports_the_wake_ups_of_a_deployment_that_may_scale_to
         # The first request after a gap waits for the start-up (and one fleet step for a grant).
         assert wake["first_request_ttft_ms"] >= STARTUP_S * 1000
         assert wake["requests_waited"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--policy", "static", "--scale-to-zero", "60"], "--scale-to-zero: SLA scaling's"),
+        (["--zero-return-forecast"], "--zero-return-forecast: with --scale-to-zero"),
+        (["--scale-to-zero", "0"], "--scale-to-zero"),
+    ],
+    ids=["not-the-planner", "forecast-alone", "quiet-s-0"],
+)
+def test_the_replay_flags_refuse_what_cannot_scale_to_zero(tmp_path, capsys, args, message) -> None:
+    from app.cli import main as planner_main
+
+    out = tmp_path / "out"
+    # argparse refuses a bad number itself (exit 2); the rest is one ConfigError line.
+    with pytest.raises(SystemExit) if args[-1] == "0" else contextlib.nullcontext():
+        code = planner_main(["replay", "--workload", "bursty-gaps", "--out", str(out), "--quiet", *args])
+        assert code != 0
+    assert message in capsys.readouterr().err
