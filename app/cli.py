@@ -361,6 +361,22 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
         help="K requests per trace request, arrivals +-0.5 s",
     )
     replay.add_argument("--modes", type=_modes, help=MODES_HELP)
+    replay.add_argument(
+        "--scale-to-zero",
+        metavar="QUIET_S",
+        dest="scale_to_zero_quiet_s",
+        type=_number(minimum=0, inclusive=False, maximum=MAX_DELAY_S),
+        default=None,
+        help="let the deployment run no engine after QUIET_S seconds without a request (min_replicas 0; "
+        "docs/scaling.md); summary.json then reports each wake-up",
+    )
+    replay.add_argument(
+        "--zero-return-forecast",
+        dest="scale_to_zero_forecast",
+        action="store_true",
+        help="with --scale-to-zero: also stay awake while the learned quiet periods expect a return "
+        "within a lead (scale_to_zero.respect_return_forecast)",
+    )
     replay.add_argument("--seed", type=_number(minimum=0, inclusive=True, integer=True), help="default: 0")
     replay.add_argument(
         "--fleet-policy",

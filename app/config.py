@@ -247,6 +247,24 @@ class DeploymentConfig(Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _scale_to_zero_needs_zero_minimums(self) -> DeploymentConfig:
+        # Explicit rather than implied: the bounds stage, operator bounds and the fleet's grants
+        # all read min_replicas, and a floor of 1 there would silently undo the zero. While awake,
+        # SLA scaling itself keeps at least one engine of each role (app/core/sla/step.py).
+        if not self.scaling.scale_to_zero.enabled:
+            return self
+        if self.scaling.algorithm != "sla":
+            raise ValueError("scaling.scale_to_zero.enabled: scale to zero needs scaling.algorithm: sla")
+        for role in self.roles:
+            minimum = self.role(role).min_replicas
+            if minimum != 0:
+                raise ValueError(
+                    f"{role}.min_replicas: scaling.scale_to_zero.enabled needs min_replicas: 0 "
+                    f"(got {minimum}); while awake the planner keeps at least one engine of each role"
+                )
+        return self
+
     @property
     def roles(self) -> tuple[Role, ...]:
         return roles_for_mode(self.mode)
@@ -537,6 +555,7 @@ class Settings(BaseSettings):
         if ttl_s is not None and renew_s >= ttl_s:
             raise ValueError(f"must be shorter than PLANNER_LEASE_TTL_S ({ttl_s:g} s)")
         return renew_s
+
     # Demo knob: the service's clock is the one another process drives through this file
     # (`planner demo`'s simulated clock, app/workers/clock.py SharedClock); overrides time_scale.
     clock_file: str | None = None

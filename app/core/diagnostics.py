@@ -87,6 +87,8 @@ class ObservedTraffic(Record):
     ttft_ms: Num = None
     itl_ms: Num = None
     request_duration_s: Num = None
+    queued_requests: Num = None  # the frontend's gauges at the window's end
+    inflight_requests: Num = None
 
 
 class Correction(Record):
@@ -292,6 +294,16 @@ class QuietPeriod(Record):
     release_risk_requests: Num = None  # requests expected to meet too few engines if let go
 
 
+class ScaleToZeroDiagnostics(Record):
+    quiet_s: Num = None  # the configured quiet period
+    quiet_for_s: Num = None  # since a request was last seen (arriving, queued or in flight)
+    asleep: Flag = None  # at zero after this tick
+    event: Text = None  # scaled_to_zero or wake_up on the tick that did it
+    return_likely: Flag = None  # the quiet-period outlook expects a return within a lead
+    queued_requests: Num = None  # the frontend's gauges this tick read
+    inflight_requests: Num = None
+
+
 class SlaDiagnostics(Record):
     reason: Text = None
     detail: Text = None
@@ -307,6 +319,7 @@ class SlaDiagnostics(Record):
     latency: _sections(LatencyModel) = None
     capacity_check: _section(CapacityCheck) = None
     quiet: _section(QuietPeriod) = None
+    zero: _section(ScaleToZeroDiagnostics) = None
 
 
 # --- the tick ------------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ from app.core.types import (
 
 NO_POLICY_REASON = "no automatic scaling enabled; targets come only from operator pins"
 # Bumped whenever PlannerState changes shape: an export from another version is refused.
-STATE_VERSION = 2  # 2: SLA scaling learns iteration costs and quiet periods
+STATE_VERSION = 3  # 2: SLA scaling learns iteration costs and quiet periods; 3: scale to zero
 
 FpmByEngine = Mapping[EngineKey, ForwardPassMetrics]
 
@@ -332,7 +332,16 @@ class Planner:
         traffic = None
         obs = inp.traffic
         if obs is not None and obs.num_req is not None:
-            traffic = TrafficSample(inp.now_s, obs.duration_s, obs.num_req, obs.isl, obs.osl, obs.isl_buckets)
+            traffic = TrafficSample(
+                inp.now_s,
+                obs.duration_s,
+                obs.num_req,
+                obs.isl,
+                obs.osl,
+                obs.isl_buckets,
+                queued_requests=obs.queued_requests,
+                inflight_requests=obs.inflight_requests,
+            )
         latest = inp.latest_decision
         # What was last ordered, engines still starting included: SLA scaling compares its wish
         # with it, and measures its scaling latency by how long the ready counts take to reach it.

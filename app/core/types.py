@@ -121,6 +121,12 @@ class TrafficObservation:
     # The ISL histogram over the interval: (upper bound in tokens, requests) per bucket, not
     # cumulative, the last bound inf; empty when the source has none.
     isl_buckets: tuple[tuple[float, float], ...] = ()
+    # The frontend's gauges at the end of the interval (`dynamo_frontend_queued_requests`,
+    # `dynamo_frontend_inflight_requests`): requests waiting for an engine, and requests being
+    # served. None: the source has no such series. Scale to zero wakes on them (a request that
+    # no engine serves shows here before any latency histogram moves).
+    queued_requests: float | None = None
+    inflight_requests: float | None = None
 
     @property
     def complete(self) -> bool:
@@ -155,6 +161,9 @@ class TrafficObservation:
             itl_ms=mean(self.itl_ms, later.itl_ms),
             request_duration_s=mean(self.request_duration_s, later.request_duration_s),
             isl_buckets=tuple(sorted(counts.items())),
+            # Gauges are levels, not counts: the later reading is the merged interval's.
+            queued_requests=later.queued_requests,
+            inflight_requests=later.inflight_requests,
         )
 
 

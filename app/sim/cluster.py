@@ -153,6 +153,7 @@ class Cluster:
         serving = self._serving[role]
         if not serving:
             self._waiting[role].append(request)
+            self.frontend.queued += 1
             return
         slot = min(serving, key=lambda s: s.engine.load)
         self._give(slot.engine, request)
@@ -224,6 +225,7 @@ class Cluster:
         self._serving[role].append(slot)
         waiting = self._waiting[role]
         while waiting:
+            self.frontend.queued -= 1
             self._route(role, waiting.popleft())
 
     def _became_ready(self, slot: _Slot) -> None:

@@ -141,6 +141,8 @@ def with_overrides(
     seed: int | None = None,
     rate_scale: float | None = None,
     modes: tuple[str, ...] | None = None,
+    scale_to_zero_quiet_s: float | None = None,
+    scale_to_zero_forecast: bool = False,
 ) -> ReplayConfig:
     """The command line's flags over the file, for one run (None: keep the file's value).
     Paths given on the command line are relative to the current directory."""
@@ -164,6 +166,24 @@ def with_overrides(
     for role, gpus in (("prefill", prefill_gpus), ("decode", decode_gpus)):
         if gpus is not None:
             deployment_update[role] = d.role(role).model_copy(update={"gpus_per_engine": gpus})  # type: ignore[arg-type]
+    if scale_to_zero_forecast and scale_to_zero_quiet_s is None:
+        raise ConfigError("--zero-return-forecast: with --scale-to-zero QUIET_S")
+    if scale_to_zero_quiet_s is not None:
+        if modes is not None:
+            raise ConfigError("--scale-to-zero: SLA scaling's (--policy planner), not the seed's --modes")
+        # Scale to zero needs both minimums at 0 (app/config.py): the flag sets them, so that
+        # the file's replay stays exactly what it was without it.
+        for role in ("prefill", "decode"):
+            base = deployment_update.get(role, d.role(role))
+            deployment_update[role] = base.model_copy(update={"min_replicas": 0})
+        zero = d.scaling.scale_to_zero.model_copy(
+            update={
+                "enabled": True,
+                "quiet_s": scale_to_zero_quiet_s,
+                "respect_return_forecast": scale_to_zero_forecast,
+            }
+        )
+        deployment_update["scaling"] = d.scaling.model_copy(update={"scale_to_zero": zero})
     if truth is not None:
         try:
             truth = ",".join(parse_worlds(truth))

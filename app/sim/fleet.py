@@ -587,6 +587,7 @@ def _result(m: _Member, config: FleetReplayConfig, policy: str, oracle_gpu_hours
         oracle_timeline=[],
         end_s=end_s,
         wall_s=0.0,
+        scale_to_zero=d.scaling.scale_to_zero.enabled,
     )
 
 
@@ -621,6 +622,8 @@ def fleet_summary(config: FleetReplayConfig, run: FleetRunResult) -> dict[str, A
             ),
             "simulated_s": s["simulated_s"],
         }
+        if "scale_to_zero" in s:  # only a deployment that may scale to zero: its wake-ups
+            deployments[name]["scale_to_zero"] = s["scale_to_zero"]
         met += round((s["slo_attainment"] or 0.0) * s["requests"])
         total += s["requests"]
     oracle_hours = sum(d["oracle_gpu_hours"] for d in deployments.values())
@@ -672,6 +675,11 @@ def run_fleet_command(args: Any) -> int:
         print(
             f"{name}: priority {d['priority']}, SLO attainment {d['slo_attainment']:.1%}, "
             f"{d['gpu_hours']:.2f} GPU-hours, {d['grant_changes']} grant changes"
+            + (
+                f", {d['scale_to_zero']['wake_ups']} wake-ups, {d['scale_to_zero']['zero_s']:.0f} s at zero"
+                if "scale_to_zero" in d
+                else ""
+            )
         )
     print(f"wrote {', '.join(str(p) for p in paths.values())}")
     return 0

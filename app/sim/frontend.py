@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 
 from app.core.types import TrafficObservation
 from app.sources.traffic_common import (
+    INFLIGHT_REQUESTS,
     INPUT_SEQUENCE_TOKENS,
     ITL_SECONDS,
     OUTPUT_SEQUENCE_TOKENS,
+    QUEUED_REQUESTS,
     REQUEST_DURATION_SECONDS,
     REQUESTS_STARTED_TOTAL,
     REQUESTS_TOTAL,
@@ -51,6 +53,7 @@ class CounterSnapshot:
     sums: dict[str, float]
     counts: dict[str, int]
     isl_buckets: tuple[int, ...] = ()  # per bucket, not cumulative
+    queued: int = 0  # the queued-requests gauge when the snapshot was taken
 
 
 class FrontendCounters:
@@ -61,6 +64,9 @@ class FrontendCounters:
         self.model = model
         self.started = 0
         self.completed = 0
+        # Requests waiting at the router because no engine of their role serves (the cluster
+        # keeps it): what Dynamo's `dynamo_frontend_queued_requests` gauge shows at zero engines.
+        self.queued = 0
         self.histograms = {
             "ttft_ms": Histogram(_LATENCY_BUCKETS_S),
             "itl_ms": Histogram(_LATENCY_BUCKETS_S),
@@ -92,6 +98,7 @@ class FrontendCounters:
             sums={k: h.total for k, h in self.histograms.items()},
             counts={k: h.count for k, h in self.histograms.items()},
             isl_buckets=tuple(self.histograms["isl"].counts),
+            queued=self.queued,
         )
 
     @staticmethod
@@ -124,6 +131,8 @@ class FrontendCounters:
             itl_ms=means["itl_ms"],
             request_duration_s=duration,
             isl_buckets=isl_buckets,
+            queued_requests=float(after.queued),
+            inflight_requests=float(after.started - after.completed),
         )
 
     def render_prometheus(self) -> str:
@@ -133,6 +142,11 @@ class FrontendCounters:
         for name, value in ((REQUESTS_STARTED_TOTAL, self.started), (REQUESTS_TOTAL, self.completed)):
             family = name.removesuffix("_total")
             lines += [f"# TYPE {family} counter", f"{name}{{{label}}} {value}"]
+        for name, value in (
+            (QUEUED_REQUESTS, self.queued),
+            (INFLIGHT_REQUESTS, self.started - self.completed),
+        ):
+            lines += [f"# TYPE {name} gauge", f"{name}{{{label}}} {value}"]
         names = {
             "ttft_ms": TTFT_SECONDS,
             "itl_ms": ITL_SECONDS,

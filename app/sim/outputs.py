@@ -19,6 +19,7 @@ from app.sim.engines import SimRequest
 from app.sim.request_table import RequestTable, request_table
 from app.sim.results import ReplayResult
 from app.sim.truth import TruthModel
+from app.sim.zero import summarize_zero
 
 REQUEST_COLUMNS = (
     "id",
@@ -100,7 +101,7 @@ def summarize(
         table = request_table(result.requests, result.ttft_target_ms, result.itl_target_ms)
     finished = table.finished
     actions, churn = target_changes(result.timeline)
-    return {
+    summary = {
         "policy": result.policy,
         "trace": result.trace,
         "requests": len(table),
@@ -143,6 +144,12 @@ def summarize(
         "simulated_s_per_wall_s": float(result.end_s / result.wall_s) if result.wall_s > 0 else None,
         "settings": result.settings,
     }
+    if result.scale_to_zero:
+        # Only then: with scale to zero off, summary.json stays exactly what it was.
+        summary["scale_to_zero"] = summarize_zero(
+            result.timeline, result.requests, end_s=result.end_s, gpus_per_engine=result.gpus_per_engine
+        )
+    return summary
 
 
 def _cells(values: np.ndarray, decimals: int) -> list[float | None]:

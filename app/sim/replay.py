@@ -210,6 +210,7 @@ def run_policy(
         end_s=end_s,
         wall_s=time.perf_counter() - started,
         settings=settings or {},
+        scale_to_zero=world.config.deployment.scaling.scale_to_zero.enabled,
     )
 
 
@@ -266,6 +267,10 @@ class ProgressLines:
         )
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} ms"
+
+
 def check_output_folder(out: Path) -> None:
     """Create `out` and make sure a file can be written there, before a replay that may take
     minutes: a bad --out is one ConfigError now, not a traceback at the end."""
@@ -297,6 +302,8 @@ def run_command(args: Any, *, started_s: float | None = None) -> int:
 
     if args.modes is not None and args.policy != "seed":
         raise ConfigError(f"--modes: the seed's modes; use them with --policy seed, not {args.policy}")
+    if getattr(args, "scale_to_zero_quiet_s", None) is not None and args.policy != "planner":
+        raise ConfigError(f"--scale-to-zero: SLA scaling's (--policy planner), not {args.policy}'s")
     config = load_replay_config(args.config or DEFAULT_REPLAY_CONFIG, args.deployment)
     config = with_overrides(
         config,
@@ -312,6 +319,8 @@ def run_command(args: Any, *, started_s: float | None = None) -> int:
         seed=args.seed,
         rate_scale=args.rate_scale,
         modes=args.modes,
+        scale_to_zero_quiet_s=getattr(args, "scale_to_zero_quiet_s", None),
+        scale_to_zero_forecast=bool(getattr(args, "scale_to_zero_forecast", False)),
     )
     trace = Path(args.trace)
     requests = load_requests(config, trace)
@@ -335,6 +344,10 @@ def run_command(args: Any, *, started_s: float | None = None) -> int:
         "profile": config.deployment.profile,
         "truth_profile": config.simulation.truth_profile or config.deployment.profile,
     }
+    zero = config.deployment.scaling.scale_to_zero
+    if zero.enabled:
+        settings["scale_to_zero_quiet_s"] = zero.quiet_s
+        settings["scale_to_zero_respect_return_forecast"] = zero.respect_return_forecast
     note(f"replaying with policy {args.policy} ({time.perf_counter() - started_s:.1f} s wall so far)")
     progress = None if quiet else ProgressLines(f"replay {args.policy}", started_s=started_s)
     result = run_policy(world, policy, trace_name=trace.name, settings=settings, progress=progress)
@@ -351,5 +364,13 @@ def run_command(args: Any, *, started_s: float | None = None) -> int:
         f"{summary['scaling_actions']} scaling actions; {wall_s:.1f} s wall in all "
         f"({result.wall_s:.1f} s replaying {summary['simulated_s']:.0f} simulated s)"
     )
+    if "scale_to_zero" in summary:
+        z = summary["scale_to_zero"]
+        ttft = z["wake_up_ttft_ms"]
+        print(
+            f"scale to zero: {z['wake_ups']} wake-ups, {z['zero_s']:.0f} s at zero "
+            f"({z['gpu_hours_saved_at_zero']:.2f} GPU-hours), first request's TTFT p50 "
+            f"{_ms(ttft['p50'])}, max {_ms(ttft['max'])}"
+        )
     print(f"wrote {', '.join(str(p) for p in paths.values())}")
     return 0

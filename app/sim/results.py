@@ -44,3 +44,5 @@ class ReplayResult:
     end_s: float  # simulated time when the last request finished
     wall_s: float  # how long the replay took
     settings: dict[str, Any] = field(default_factory=dict)  # the run's parameters, as given
+    # The deployment may scale to zero: summary.json then reports its zero periods and wake-ups.
+    scale_to_zero: bool = False

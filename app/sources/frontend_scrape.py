@@ -25,6 +25,9 @@ Choices:
   `dynamo_frontend_input_sequence_tokens_bucket` over the model's series, made per-bucket. A
   series' buckets are reset together, with its `_sum`/`_count`: when any of them went down (or
   `_created` changed), every bucket of that series counts from 0.
+- The gauges (`dynamo_frontend_queued_requests`, `dynamo_frontend_inflight_requests`): their
+  value in the current scrape, summed over the model's series; None without a series. Levels,
+  not counters: nothing to difference.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.core.errors import SourceUnavailableError
 from app.core.types import TrafficObservation
 from app.sources.traffic_common import (
+    GAUGES,
     HISTOGRAMS,
     INPUT_SEQUENCE_TOKENS,
     REQUEST_COUNTERS,
@@ -73,6 +77,7 @@ _HISTOGRAM_SAMPLES = {f"{metric}{part}" for metric, _ in HISTOGRAMS.values() for
 _ISL_BUCKET = f"{INPUT_SEQUENCE_TOKENS}_bucket"
 _WANTED = _HISTOGRAM_SAMPLES | set(REQUEST_COUNTERS) | {_ISL_BUCKET}
 _WANTED |= {_created_name(name) for name in _WANTED}
+_WANTED |= set(GAUGES.values())
 
 
 @dataclass(frozen=True)
@@ -202,6 +207,19 @@ def _bucket_increases(
     return cumulative
 
 
+def gauge_values(samples: Mapping[SeriesKey, float], model_name: str | None) -> dict[str, float | None]:
+    """Each gauge of `GAUGES` now: Σ of the model's finite series; None where it has none."""
+    values: dict[str, float | None] = {}
+    for obs_field, name in GAUGES.items():
+        found = [
+            v
+            for (n, labels), v in samples.items()
+            if n == name and model_matches(dict(labels), model_name) and math.isfinite(v)
+        ]
+        values[obs_field] = math.fsum(found) if found else None
+    return values
+
+
 class FrontendScrapeSource(HttpSource):
     """Traffic observations from the frontend's `/metrics` (see the module docstring)."""
 
@@ -241,7 +259,11 @@ class FrontendScrapeSource(HttpSource):
         for note in diff.notes:
             (log.warning if "reset" in note else log.debug)("frontend %s: %s", self.url, note)
         return build_observation(
-            current.taken_at - previous.taken_at, diff.num_req, diff.histograms, diff.isl_buckets
+            current.taken_at - previous.taken_at,
+            diff.num_req,
+            diff.histograms,
+            diff.isl_buckets,
+            gauges=gauge_values(current.samples, self.model_name),
         )
 
     async def scrape(self) -> Scrape:

@@ -23,6 +23,10 @@ label filters (`{dynamo_namespace="ns",job="frontend"}`):
   and another model's requests on the same frontend are not this deployment's. If this query
   fails or answers nothing, `isl_buckets` is empty and the observation otherwise unchanged.
 
+- the gauges (`dynamo_frontend_queued_requests`, `dynamo_frontend_inflight_requests`): their
+  latest value, `sum by (model, dynamo_namespace) (G{S})`, summed over the matching series; None
+  when no series matches or the query fails (like the ISL histogram, never a failed observation).
+
 TTFT and ITL come in seconds and are reported in ms. All queries of one observation are evaluated
 at one instant (`time=`), the caller's `at` or this host's clock, so the halves of a ratio cannot
 straddle a scrape. A count of exactly 0 is a confirmed idle window: num_req 0 and every mean None
@@ -35,6 +39,7 @@ shape) or `status: error` raise `SourceUnavailableError("prometheus", reason)`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import re
@@ -48,6 +53,7 @@ import httpx
 from app.core.errors import SourceUnavailableError
 from app.core.types import TrafficObservation
 from app.sources.traffic_common import (
+    GAUGES,
     HISTOGRAMS,
     INPUT_SEQUENCE_TOKENS,
     REQUEST_COUNTERS,
@@ -100,6 +106,7 @@ class FrontendQueries:
     histograms: dict[str, tuple[str, str]]
     request_counts: tuple[str, ...]
     isl_buckets: str
+    gauges: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def frontend_queries(interval_s: float, labels: Mapping[str, str] | None = None) -> FrontendQueries:
@@ -119,6 +126,7 @@ def frontend_queries(interval_s: float, labels: Mapping[str, str] | None = None)
         },
         request_counts=tuple(increase(counter) for counter in REQUEST_COUNTERS),
         isl_buckets=f"sum by ({_GROUP_BY}, le) ({increase(INPUT_SEQUENCE_TOKENS + '_bucket')})",
+        gauges={field: f"sum by ({_GROUP_BY}) ({metric}{sel})" for field, metric in GAUGES.items()},
     )
 
 
@@ -162,12 +170,19 @@ class PrometheusSource(HttpSource):
         notes: list[str] = []
         async with self._session() as client:
             halves = [(field, q) for field, pair in queries.histograms.items() for q in pair]
+            gauge_fields = list(queries.gauges)
             *answers, bucket_answer = await asyncio.gather(
                 self._query(client, queries.request_counts[0], at=at),
                 *(self._query(client, q, at=at) for _, q in halves),
+                *(self._query(client, queries.gauges[g], at=at) for g in gauge_fields),
                 self._query(client, queries.isl_buckets, at=at),
                 return_exceptions=True,
             )
+            gauge_answers = answers[len(answers) - len(gauge_fields) :]
+            answers = answers[: len(answers) - len(gauge_fields)]
+            for answer in gauge_answers:
+                if isinstance(answer, BaseException) and not isinstance(answer, Exception):
+                    raise answer
             for answer in answers:
                 if isinstance(answer, BaseException):
                     raise answer
@@ -187,10 +202,17 @@ class PrometheusSource(HttpSource):
             isl_buckets: tuple[tuple[float, float], ...] = ()
         else:
             isl_buckets = self._isl_buckets(bucket_answer, queries.isl_buckets, notes)
+        gauges: dict[str, float | None] = {}
+        for g, answer in zip(gauge_fields, gauge_answers, strict=True):
+            if isinstance(answer, Exception):
+                notes.append(f"no {g}: {answer}")
+                gauges[g] = None
+            else:
+                gauges[g] = self._sum_matching(answer, queries.gauges[g], notes)
         self.last_notes = tuple(notes)
         for note in notes:
             log.debug("prometheus %s: %s", self.url, note)
-        return build_observation(float(int(interval_s)), num_req, histograms, isl_buckets)
+        return build_observation(float(int(interval_s)), num_req, histograms, isl_buckets, gauges=gauges)
 
     # --- results --------------------------------------------------------------------------------
 

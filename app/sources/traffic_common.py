@@ -39,6 +39,12 @@ OUTPUT_SEQUENCE_TOKENS = "dynamo_frontend_output_sequence_tokens"
 REQUEST_DURATION_SECONDS = "dynamo_frontend_request_duration_seconds"
 REQUESTS_STARTED_TOTAL = "dynamo_frontend_requests_started_total"  # E3+
 REQUESTS_TOTAL = "dynamo_frontend_requests_total"  # older frontends; the fallback
+# Gauges (Dynamo 1.6.1 exports both, tests/data/dynamo-1.6.1/frontend_metrics.txt): requests
+# waiting in the frontend's queue, and requests in flight. Scale to zero wakes on them.
+QUEUED_REQUESTS = "dynamo_frontend_queued_requests"
+INFLIGHT_REQUESTS = "dynamo_frontend_inflight_requests"
+# Observation field -> gauge.
+GAUGES: dict[str, str] = {"queued_requests": QUEUED_REQUESTS, "inflight_requests": INFLIGHT_REQUESTS}
 
 # Observation field -> (histogram, factor from the metric's unit to the field's unit).
 HISTOGRAMS: dict[str, tuple[str, float]] = {
@@ -105,6 +111,7 @@ def build_observation(
     num_req: float | None,
     histograms: Mapping[str, tuple[float | None, float | None]],
     isl_buckets: tuple[tuple[float, float], ...] = (),
+    gauges: Mapping[str, float | None] | None = None,
 ) -> TrafficObservation:
     """The observation from a request count and each histogram's (sum increase, count increase)
     over the interval (keys of `HISTOGRAMS`; None where no matching series existed), and the ISL
@@ -112,9 +119,12 @@ def build_observation(
 
     A mean is Σ sum / Σ count, scaled to the field's unit; unknown (None) when the count is not
     positive or either part is unknown or not finite. A request count of exactly 0 is a confirmed
-    idle window: every mean is None and the ISL histogram empty (see the module docstring)."""
+    idle window: every mean is None and the ISL histogram empty (see the module docstring).
+    `gauges`: the frontend's gauges at the interval's end (keys of `GAUGES`; None: no series),
+    kept in an idle window too (a request queued for an engine may not have been counted yet)."""
+    levels = {field: (gauges or {}).get(field) for field in GAUGES}
     if num_req is not None and num_req == 0:
-        return TrafficObservation(duration_s=duration_s, num_req=0.0, isl=None, osl=None)
+        return TrafficObservation(duration_s=duration_s, num_req=0.0, isl=None, osl=None, **levels)
     means: dict[str, float | None] = {}
     for field, (_, factor) in HISTOGRAMS.items():
         total, count = histograms.get(field, (None, None))
@@ -122,7 +132,9 @@ def build_observation(
             means[field] = None
         else:
             means[field] = total / count * factor
-    return TrafficObservation(duration_s=duration_s, num_req=num_req, **means, isl_buckets=isl_buckets)
+    return TrafficObservation(
+        duration_s=duration_s, num_req=num_req, **means, isl_buckets=isl_buckets, **levels
+    )
 
 
 def describe_http_error(exc: httpx.HTTPError) -> str:

@@ -60,6 +60,15 @@ def test_every_histogram_the_planner_reads_is_exported_with_its_unit(field: str)
     assert unit in family.documentation.lower() or metric.endswith("_duration_seconds")
 
 
+@pytest.mark.parametrize("field", sorted(names.GAUGES))
+def test_every_gauge_scale_to_zero_wakes_on_is_exported_per_model(field: str) -> None:
+    metric = names.GAUGES[field]
+    family = families().get(metric)
+    assert family is not None, f"Dynamo 1.6.1's frontend exports no {metric}"
+    assert family.type == "gauge"
+    assert [s.labels for s in family.samples] == [{"model": MODEL}]
+
+
 def test_the_request_counters_and_their_labels() -> None:
     fams = families()
     started = fams["dynamo_frontend_requests_started"]  # the parser drops `_total`

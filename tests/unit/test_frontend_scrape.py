@@ -77,6 +77,7 @@ PARSE_CASES = [
             (f"{ISL}_sum", LLAMA): 12000.0,
             (f"{ISL}_count", LLAMA): 4.0,
             (TOTAL, LLAMA + (("request_type", "stream"), ("status", "success"))): 4.0,
+            ("dynamo_frontend_inflight_requests", LLAMA): 2.0,
         },
     ),
     ParseCase(

@@ -380,7 +380,8 @@ async def test_observe_reads_prometheus_answers(case: ReadCase) -> None:
 async def test_one_evaluation_time_for_every_query() -> None:
     fake = FakePrometheus(full_traffic(LLAMA))
     await fake.source().observe(180, at=1700000123.456)
-    assert len(fake.seen) == 12  # 5 histograms × (sum, count) + requests_started_total + ISL buckets
+    # 5 histograms × (sum, count) + requests_started_total + ISL buckets + the 2 gauges
+    assert len(fake.seen) == 14
     assert {r.url.params["time"] for r in fake.seen} == {"1700000123.456"}
     assert {r.url.params["timeout"] for r in fake.seen} == {"10000ms"}
     assert {r.url.path for r in fake.seen} == {"/api/v1/query"}
@@ -422,7 +423,11 @@ async def test_requests_total_is_asked_only_when_started_is_missing() -> None:
 async def test_label_filters_reach_the_server() -> None:
     fake = FakePrometheus()
     await fake.source(labels={"dynamo_namespace": "prod"}).observe(30)
-    assert all('{dynamo_namespace="prod"}[30s]' in q for q in fake.queries), fake.queries
+    # Counters and histograms over the window; the gauges at the instant.
+    windowed = [q for q in fake.queries if "[" in q]
+    gauges = [q for q in fake.queries if "[" not in q]
+    assert all('{dynamo_namespace="prod"}[30s]' in q for q in windowed), fake.queries
+    assert len(gauges) == 2 and all('{dynamo_namespace="prod"})' in q for q in gauges), gauges
 
 
 async def test_a_url_with_a_path_prefix_and_slash() -> None:

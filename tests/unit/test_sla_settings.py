@@ -14,6 +14,11 @@ from tests.support import demo_config
 _NOT_SETTINGS = {"algorithm", "interval_s"}
 
 
+def _plain(value: object) -> object:
+    """A nested section (scale_to_zero) as the dict the file gives."""
+    return value.model_dump() if hasattr(value, "model_dump") else value
+
+
 def test_every_scaling_field_reaches_the_settings_with_its_value(tmp_path: Path) -> None:
     # A value unlike its default for every field, so that a field left out would keep the default.
     given = {
@@ -41,16 +46,22 @@ def test_every_scaling_field_reaches_the_settings_with_its_value(tmp_path: Path)
         "busy_check_min": 0.7,
         "quiet_fraction": 0.05,
         "quiet_keep_probability": 0.4,
+        "scale_to_zero": {"enabled": True, "quiet_s": 300.0, "respect_return_forecast": True},
     }
     defaults = ScalingConfig()
     assert set(given) | {"interval_s"} == set(ScalingConfig.model_fields)
-    assert all(given[k] != getattr(defaults, k) for k in given)
+    assert all(given[k] != _plain(getattr(defaults, k)) for k in given)
     path = tmp_path / "deployments.yaml"
-    path.write_text(yaml.safe_dump(demo_config(scaling=given)))
+    # Scale to zero needs both minimums at 0 (app/config.py).
+    zero_minimums = {
+        "prefill": {"min_replicas": 0, "max_replicas": 8},
+        "decode": {"min_replicas": 0, "max_replicas": 8},
+    }
+    path.write_text(yaml.safe_dump(demo_config(scaling=given, **zero_minimums)))
     deployment = load_deployments(path).deployments[0]
 
     settings = sla_settings(deployment, None)
 
     tuned = {k: v for k, v in given.items() if k not in _NOT_SETTINGS}
-    assert {k: getattr(settings, k) for k in tuned} == tuned
+    assert {k: _plain(getattr(settings, k)) for k in tuned} == tuned
     assert (settings.ttft_target_ms, settings.itl_target_ms) == (500, 50)

@@ -31,15 +31,25 @@ def _rates(samples: list[TrafficSample]) -> tuple[float, float, float | None, fl
     return duration, num, isl, osl
 
 
-def demand_at(state: SlaState, now: float, lead_s: float, settings: SlaSettings) -> Demand | None:
+def demand_at(
+    state: SlaState,
+    now: float,
+    lead_s: float,
+    settings: SlaSettings,
+    fallback_lengths: tuple[float, float] | None = None,
+) -> Demand | None:
     """The rate to size for: the busiest `burst_window_s` of the last `level_window_s`, or the
     smoother `trend_window_s` level raised by its growth or ramp over the lead, whichever is
     more. Lengths are the trend window's means (ISL shifts move prefill work as much as the
-    request rate does); burstiness is the index of dispersion of the per-tick request counts."""
+    request rate does); burstiness is the index of dispersion of the per-tick request counts.
+    `fallback_lengths` (mean ISL, OSL) stand in when requests arrived but none completed yet (a
+    wake from zero: no engine served them)."""
     smooth = [s for s in state.samples if s.end_s > now - settings.trend_window_s]
     d_smooth, n_smooth, isl, osl = _rates(smooth)
     if d_smooth > 0 and n_smooth == 0:
         isl = osl = 0.0  # no request at all: nothing to serve, not an unknown
+    elif n_smooth > 0 and (isl is None or osl is None) and fallback_lengths is not None:
+        isl, osl = fallback_lengths
     if d_smooth <= 0 or isl is None or osl is None:
         return None
     # The busiest `burst_window_s` of the level window: a burst longer than the TTFT target

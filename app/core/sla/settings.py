@@ -13,6 +13,25 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.core.types import Role, RoleBounds
 
 
+class ScaleToZero(BaseModel):
+    """Let a deployment run no engine at all once it has been quiet long enough (docs/scaling.md,
+    "Scale to zero"). Off by default: an idle deployment keeps its `min_replicas`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(default=False, description="release every engine after quiet_s without a request")
+    quiet_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="how long no request may arrive, queue or be in flight before every engine goes",
+    )
+    respect_return_forecast: bool = Field(
+        default=False,
+        description="also stay awake while the learned quiet periods say a return within a lead is "
+        "likely (quiet_keep_probability)",
+    )
+
+
 class SlaTuning(BaseModel):
     """How SLA scaling reads the traffic and sizes the engines (docs/scaling.md)."""
 
@@ -108,6 +127,10 @@ class SlaTuning(BaseModel):
         ge=0,
         le=1,
         description="when quiet, what a return needs is kept while a return within a lead is this likely",
+    )
+    scale_to_zero: ScaleToZero = Field(
+        default_factory=ScaleToZero,
+        description="zero engines after a quiet period; the first request wakes the deployment",
     )
 
 

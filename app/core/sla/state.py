@@ -32,6 +32,10 @@ class SlaState:
     quiet: QuietState = field(default_factory=QuietState)
     last_tick_s: float | None = None
     lengths: tuple[float, float] | None = None  # the last (mean ISL, mean OSL) with traffic
+    # Scale to zero: when a request was last seen (arriving, queued or in flight; the first tick
+    # until then), and whether the deployment is at zero now.
+    active_s: float | None = None
+    asleep: bool = False
 
     def copy(self) -> SlaState:
         """An independent copy for one tick to change. The elements (samples, tuples, records,
@@ -51,4 +55,6 @@ class SlaState:
             quiet=self.quiet,
             last_tick_s=self.last_tick_s,
             lengths=self.lengths,
+            active_s=self.active_s,
+            asleep=self.asleep,
         )

@@ -82,6 +82,11 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         state.samples.popleft()
     interval_s = now - state.last_tick_s if state.last_tick_s is not None else None
     state.last_tick_s = now
+    seen = _request_seen(inp)
+    # The quiet period runs from the last request seen. Unknown traffic is not quiet while awake
+    # (a source outage must not release every engine), and no demand while asleep.
+    if state.active_s is None or seen or (seen is None and not state.asleep):
+        state.active_s = now
     diagnostics: dict[str, Any] = {
         "scale": {r: round(s, 4) for r, s in state.scale.items()},
         "scale_samples": scales,
@@ -101,10 +106,20 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
             "decode": {**state.latency.decode.model.summary(), "learned_now": learned.get("decode", 0)},
         }
     if model is None or state.latency is None:
-        return SlaResult(None, SlaReason.MODEL_NOT_READY, "no performance model", diagnostics)
-    demand = demand_at(state, now, lead_s, settings)
+        woken = _bare_wake(state, inp, settings, seen, diagnostics)
+        return woken or SlaResult(None, SlaReason.MODEL_NOT_READY, "no performance model", diagnostics)
+    # With scale to zero, the lengths last seen size a wake: the requests queued at zero have not
+    # completed, and waiting for their lengths would leave the second wave of engines a start-up
+    # behind the first. Off, unchanged: no request length known is no demand known.
+    fallback = state.lengths if settings.scale_to_zero.enabled else None
+    demand = demand_at(state, now, lead_s, settings, fallback_lengths=fallback)
     if demand is None:
-        return SlaResult(None, SlaReason.NO_TRAFFIC_DATA, "no traffic in the level window", diagnostics)
+        # At zero this is the usual case of a wake: the requests that arrived are still queued,
+        # none has completed, so the frontend has no mean length to size with yet.
+        woken = _bare_wake(state, inp, settings, seen, diagnostics)
+        return woken or SlaResult(
+            None, SlaReason.NO_TRAFFIC_DATA, "no traffic in the level window", diagnostics
+        )
     if demand.isl > 0:
         state.lengths = (demand.isl, demand.osl)
     diagnostics["demand"] = {
@@ -134,6 +149,38 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
     if not inp.inventory_known:
         detail = "how many engines run is not known yet (no connector report, decision or FPM)"
         return SlaResult(None, SlaReason.NO_INVENTORY, detail, diagnostics)
+    zero = settings.scale_to_zero
+    event: SlaReason | None = None
+    if zero.enabled:
+        # While awake at least one engine of each role (min_replicas is 0 for scale to zero):
+        # only the quiet period, never a thin tick, takes the deployment to zero.
+        for role in wish:
+            wish[role] = max(wish[role], min(1, settings.bounds[role].max_replicas))
+        was_asleep = state.asleep
+        # The quiet-period outlook (quiet.py) expects a return within a lead: an engine let go
+        # now would be ordered back too late for it. The outlook starts once the trend level has
+        # fallen quiet; until then the trend window still holds the last burst, and says nothing.
+        if kept is not None:
+            return_likely = bool(kept["keep"])
+        else:
+            return_likely = any(
+                x.num_req > 0 for x in state.samples if x.end_s > now - settings.trend_window_s
+            )
+        if state.asleep and seen:
+            event, state.asleep = SlaReason.WAKE_UP, False
+        elif state.asleep or (
+            now - state.active_s >= zero.quiet_s and not (zero.respect_return_forecast and return_likely)
+        ):
+            event, state.asleep = SlaReason.SCALED_TO_ZERO, True
+        diagnostics["zero"] = {
+            "quiet_s": zero.quiet_s,
+            "quiet_for_s": round(now - state.active_s, 1),
+            "asleep": state.asleep,
+            "event": str(event) if event and state.asleep != was_asleep else None,
+            "return_likely": return_likely,
+            "queued_requests": inp.traffic.queued_requests if inp.traffic else None,
+            "inflight_requests": inp.traffic.inflight_requests if inp.traffic else None,
+        }
     state.wishes.append((now, wish))
     window_s = scale_down_window_s(settings, lead_s)
     diagnostics["scale_down_window_s"] = round(window_s, 1)
@@ -147,7 +194,13 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
     for role in settings.bounds:
         current = inp.expected.get(role, inp.ready.get(role, 0))
         want = wish[role]
-        if want > current:
+        if event == SlaReason.SCALED_TO_ZERO:
+            # The quiet period is the stabilisation: no window, no hold.
+            target[role], reasons[role] = 0, SlaReason.SCALED_TO_ZERO
+        elif event == SlaReason.WAKE_UP:
+            # Requests are waiting for an engine now: up at once, whatever the window holds.
+            target[role], reasons[role] = max(want, current), SlaReason.WAKE_UP
+        elif want > current:
             target[role], reasons[role] = want, SlaReason.SCALE_UP
         elif want == current:
             target[role], reasons[role] = current, SlaReason.NO_CHANGE
@@ -172,9 +225,56 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
             # An order still open keeps its start: the engines it asked for come first. An order
             # the ready engines already meet measures nothing.
             state.orders[role] = (now, target[role])
-    order = (SlaReason.SCALE_UP, SlaReason.SCALE_DOWN, SlaReason.HOLD, SlaReason.NO_CHANGE)
+    order = (
+        SlaReason.WAKE_UP,
+        SlaReason.SCALED_TO_ZERO,
+        SlaReason.SCALE_UP,
+        SlaReason.SCALE_DOWN,
+        SlaReason.HOLD,
+        SlaReason.NO_CHANGE,
+    )
     reason = next(r for r in order if r in reasons.values())
     return SlaResult(target, reason, "; ".join(notes), diagnostics)
+
+
+def _bare_wake(
+    state: SlaState, inp: SlaInput, settings: SlaSettings, seen: bool | None, diagnostics: dict[str, Any]
+) -> SlaResult | None:
+    """One engine of each role, when a request finds the deployment at zero and nothing yet
+    says how many it needs (no model, or no request length known): waiting for a length would
+    leave the request queued for as long. At zero is asleep, or started with no engine (a
+    deployment whose minimums are 0 may start so). None: no wake due."""
+    at_zero = state.asleep or all(inp.expected.get(role, 0) == 0 for role in settings.bounds)
+    if not (settings.scale_to_zero.enabled and at_zero and seen and inp.inventory_known):
+        return None
+    state.asleep = False
+    target = {role: max(1, inp.expected.get(role, 0)) for role in settings.bounds}
+    target = {role: min(count, settings.bounds[role].max_replicas) for role, count in target.items()}
+    for role, count in target.items():
+        if count > inp.ready.get(role, 0) and role not in state.orders:
+            state.orders[role] = (inp.now_s, count)
+    diagnostics["zero"] = {
+        "quiet_s": settings.scale_to_zero.quiet_s,
+        "quiet_for_s": 0.0,
+        "asleep": False,
+        "event": str(SlaReason.WAKE_UP),
+        "queued_requests": inp.traffic.queued_requests if inp.traffic else None,
+        "inflight_requests": inp.traffic.inflight_requests if inp.traffic else None,
+    }
+    detail = "; ".join(
+        f"{role} {inp.expected.get(role, 0)}->{n} (wake_up, no demand known yet)"
+        for role, n in target.items()
+    )
+    return SlaResult(target, SlaReason.WAKE_UP, detail, diagnostics)
+
+
+def _request_seen(inp: SlaInput) -> bool | None:
+    """Did this tick see a request: one arriving in its window, or one the frontend still holds
+    (queued for an engine, or in flight)? None: the traffic is unknown."""
+    t = inp.traffic
+    if t is None:
+        return None
+    return t.num_req > 0 or (t.queued_requests or 0) > 0 or (t.inflight_requests or 0) > 0
 
 
 def scale_down_window_s(settings: SlaSettings, lead_s: float) -> float:

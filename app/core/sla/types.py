@@ -21,6 +21,8 @@ class SlaReason(StrEnum):
     SCALE_DOWN = "scale_down"
     HOLD = "hold"  # the wish is below the count, the stabilisation window keeps it
     NO_CHANGE = "no_change"
+    SCALED_TO_ZERO = "scaled_to_zero"  # quiet for scale_to_zero.quiet_s: every engine goes
+    WAKE_UP = "wake_up"  # a request while at zero: one engine of each role at once
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,9 @@ class TrafficSample:
     isl: float | None  # mean input tokens
     osl: float | None  # mean output tokens
     isl_buckets: tuple[Bucket, ...] = ()
+    # The frontend's gauges at `end_s` (None: not exported): waiting for an engine, being served.
+    queued_requests: float | None = None
+    inflight_requests: float | None = None
 
 
 @dataclass(frozen=True)
