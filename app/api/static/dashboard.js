@@ -192,6 +192,7 @@
         ["ready", info.ready ? fmtCounts(info.ready) : "unknown"],
         ["desired", info.desired ? fmtCounts(info.desired) : "none yet"],
         ["paused", info.paused ? "yes" : "no"],
+        ...(info.fleet ? [["fleet grant", fleetText(info.fleet)]] : []),
         ["ticks shown", String(ticks.length)],
         ["last tick", last ? `${last.t} (${last.reason || "no reason"})` : "none yet"],
       ];
@@ -319,6 +320,79 @@
     }
   }
 
+  // --- the fleet ---------------------------------------------------------------------------------
+
+  function fleetText(m) {
+    const roles = Object.entries(m.roles).map(([r, g]) => `${r} ${g.granted} of ${g.wish}`).join(", ");
+    return `${roles} (${m.granted_gpus} of ${m.wish_gpus} GPUs wished)` + (m.cut ? ": CUT, " + cutText(m) : "");
+  }
+
+  function cutText(m) {
+    const reasons = Object.entries(m.roles).filter(([, g]) => g.cut).map(([r, g]) => `${r} ${g.reason}`);
+    const by = (m.cut_by || []).map((c) => `${c.by} (${c.why}, ${c.gpus} GPUs)`);
+    return reasons.join(", ") + (by.length ? "; cut by " + by.join(", ") : "");
+  }
+
+  function fillTable(table, headings, rows, empty) {
+    table.innerHTML = "";
+    const head = table.insertRow();
+    for (const h of headings) {
+      const th = document.createElement("th");
+      th.textContent = h;
+      head.appendChild(th);
+    }
+    if (!rows.length) {
+      const cell = table.insertRow().insertCell();
+      cell.colSpan = headings.length;
+      cell.className = "empty";
+      cell.textContent = empty;
+    }
+    return rows.map((cells) => {
+      const tr = table.insertRow();
+      for (const text of cells) tr.insertCell().textContent = text;
+      return tr;
+    });
+  }
+
+  function renderFleet(fleet) {
+    const section = document.getElementById("fleet");
+    section.hidden = false;
+    const budgets = fleet.budgets.map((b) =>
+      `${b.gpu_type}: budget ${b.budget_gpus} GPUs, granted ${b.granted_gpus}, used ${b.used_gpus}, free ${b.free_gpus}`);
+    document.getElementById("fleet-budgets").textContent =
+      budgets.join("; ") + (fleet.stepped_at ? `; last step ${fleet.stepped_at}` : "; no fleet step yet") +
+      (fleet.last_error ? `; last step failed: ${fleet.last_error}` : "");
+    const rows = fleet.members.map((m) => [
+      m.deployment, String(m.priority), fmtCounts(Object.fromEntries(Object.entries(m.roles).map(([r, g]) => [r, g.wish]))),
+      fmtCounts(Object.fromEntries(Object.entries(m.roles).map(([r, g]) => [r, g.granted]))),
+      `${m.wish_gpus} / ${m.granted_gpus} / ${m.used_gpus ?? "–"}`, m.cut ? "cut" : "no",
+      Object.entries(m.roles).map(([r, g]) => `${r} ${g.reason}: ${g.detail}`).join("; "),
+      (m.cut_by || []).map((c) => `${c.by}: ${c.why}`).join("; ") || "–",
+    ]);
+    const trs = fillTable(document.getElementById("fleet-members"),
+      ["deployment", "priority", "wish", "grant", "GPUs wished / granted / used", "cut", "reasons", "cut by"],
+      rows, "no grant yet");
+    trs.forEach((tr, i) => {
+      tr.dataset.deployment = fleet.members[i].deployment;
+      tr.dataset.cut = fleet.members[i].cut ? "1" : "0";
+      if (fleet.members[i].cut) tr.className = "cut";
+    });
+    const moves = fleet.moves.slice(-10).reverse().map((m) => [
+      m.at.replace("T", " ").replace(/(\.\d+)?(Z|\+00:00)$/, ""), `${m.donor} ${m.donor_role} -> ${m.taker} ${m.taker_role}`,
+      String(m.gpus), m.reason,
+    ]);
+    fillTable(document.getElementById("fleet-moves"), ["moved at", "from -> to", "GPUs", "why"], moves,
+      "no GPUs moved between deployments yet");
+  }
+
+  async function pollFleet() {
+    const resp = await fetch("fleet", { headers: headers(), cache: "no-store" });
+    if (resp.status === 404) return; // no fleet: section in the deployments file
+    if (resp.status === 401 || resp.status === 403) throw new AuthError(resp.statusText);
+    if (!resp.ok) throw new Error("fleet answered " + resp.status);
+    renderFleet(await resp.json());
+  }
+
   function replicasOf(d) {
     const out = {};
     for (const role of ROLES) if (d["num_" + role] !== null && d["num_" + role] !== undefined) out[role] = d["num_" + role];
@@ -372,6 +446,7 @@
         since = new Date(Date.parse(clock.now) - WINDOW_S * 1000).toISOString();
       }
       const deployments = await getJson("deployments");
+      await pollFleet();
       for (const info of deployments) {
         if (!views.has(info.name)) views.set(info.name, new DeploymentView(info, since));
         await views.get(info.name).poll(info);
