@@ -10,12 +10,14 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.integration.test_dashboard_browser import CHROMIUM, chromium
 from tests.integration.test_failover import RampingFrontend
 from tests.support import (
     OPER,
@@ -77,6 +79,37 @@ def database(pg_dbs: PostgresDatabases) -> Iterator[str]:
     url = pg_dbs.fresh()
     yield url
     pg_dbs.drop(url)
+
+
+class FleetPanel(HTMLParser):
+    """The dashboard's fleet section: whether it is shown, and per deployment row its data-cut
+    flag and its text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shown = False
+        self.rows: dict[str, tuple[str | None, str]] = {}
+        self._in_fleet = False
+        self._row: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "section" and a.get("id") == "fleet":
+            self._in_fleet, self.shown = True, "hidden" not in a
+        if tag == "tr" and self._in_fleet and a.get("data-deployment"):
+            self._row = a["data-deployment"]
+            self.rows[self._row] = (a.get("data-cut"), "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "section":
+            self._in_fleet = False
+        if tag == "tr":
+            self._row = None
+
+    def handle_data(self, data: str) -> None:
+        if self._row is not None:
+            cut, text = self.rows[self._row]
+            self.rows[self._row] = (cut, text + " " + data)
 
 
 class Acker:
@@ -241,6 +274,17 @@ def test_serve_runs_the_fleet_step_and_shows_who_is_cut(database: str, tmp_path:
                             assert n <= fleet_rec["roles"][role]["granted"], (name, row["record"])
             assert decided >= 1
             assert per_step and all(sum(g.values()) <= BUDGET_GPUS for g in per_step.values()), per_step
+
+        # The dashboard's fleet panel, as headless Chromium shows it (where it is installed).
+        if CHROMIUM is not None:
+            token = VIEWER["Authorization"].removeprefix("Bearer ")
+            dom = chromium(tmp_path, f"{proc.base_url}/dashboard#token={token}", "--dump-dom")
+            panel = FleetPanel()
+            panel.feed(dom)
+            assert panel.shown, dom[:3000]
+            assert panel.rows.keys() == set(NAMES), panel.rows
+            cut, text = panel.rows["batch"]
+            assert cut == "1" and "cut_budget" in text and "chat: higher priority (3 > 1)" in text, text
     finally:
         for acker in locals().get("ackers", {}).values():
             acker.__exit__(None, None, None)
