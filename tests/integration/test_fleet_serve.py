@@ -88,12 +88,15 @@ class FleetPanel(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.shown = False
+        self.ticks = 0  # the body's data-ticks: ticks the page holds, all deployments
         self.rows: dict[str, tuple[str | None, str]] = {}
         self._in_fleet = False
         self._row: str | None = None
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = dict(attrs)
+        if tag == "body":
+            self.ticks = int(a.get("data-ticks") or 0)
         if tag == "section" and a.get("id") == "fleet":
             self._in_fleet, self.shown = True, "hidden" not in a
         if tag == "tr" and self._in_fleet and a.get("data-deployment"):
@@ -285,6 +288,11 @@ def test_serve_runs_the_fleet_step_and_shows_who_is_cut(database: str, tmp_path:
             assert panel.rows.keys() == set(NAMES), panel.rows
             cut, text = panel.rows["batch"]
             assert cut == "1" and "cut_budget" in text and "chat: higher priority (3 > 1)" in text, text
+            # Each tick drawn once: no more ticks on the page than were stored by now (the page
+            # polls several times within its time budget, each poll reading only newer ticks).
+            with httpx.Client(base_url=proc.base_url, headers=VIEWER, timeout=10) as client:
+                stored = sum(len(diagnostics(client, name, proc)) for name in NAMES)
+            assert 0 < panel.ticks <= stored, (panel.ticks, stored)
     finally:
         for acker in locals().get("ackers", {}).values():
             acker.__exit__(None, None, None)

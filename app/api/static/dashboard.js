@@ -122,7 +122,6 @@
       this.name = info.name;
       this.info = info;
       this.since = since;
-      this.cursor = null;
       this.ticks = [];
       this.decisions = new Map();
       this.section = document.createElement("section");
@@ -152,16 +151,23 @@
 
     async poll(info) {
       this.info = info;
+      // Only the ticks after the last one shown: /diagnostics pages go backwards (`cursor` gives
+      // the ticks before it), so read the newest pages from the last tick's time (or the window's
+      // start) until a page reaches what is already shown.
       const base = "diagnostics?deployment=" + encodeURIComponent(this.name) + "&limit=" + PAGE;
+      const shown = this.ticks.length ? this.ticks[this.ticks.length - 1] : null;
+      const from = shown ? shown.t : this.since;
+      const fresh = [];
+      let cursor = null;
       for (;;) {
-        const url = this.cursor !== null
-          ? base + "&cursor=" + this.cursor
-          : base + (this.since ? "&since=" + encodeURIComponent(this.since) : "");
+        const url = base + (from ? "&since=" + encodeURIComponent(from) : "") + (cursor !== null ? "&cursor=" + cursor : "");
         const page = await getJson(url);
-        for (const tick of page.items) this.ticks.push(readTick(tick));
-        if (page.items.length) this.cursor = page.items[page.items.length - 1].id;
-        if (page.next_cursor === null || page.next_cursor === undefined) break;
+        const items = page.items.filter((t) => !shown || t.id > shown.id);
+        fresh.unshift(...items);
+        if (page.next_cursor === null || page.next_cursor === undefined || items.length < page.items.length) break;
+        cursor = page.next_cursor;
       }
+      for (const tick of fresh) this.ticks.push(readTick(tick));
       if (this.ticks.length) {
         const last = Date.parse(this.ticks[this.ticks.length - 1].t);
         const keepFrom = last - WINDOW_S * 1000;
