@@ -195,3 +195,31 @@ async def test_a_restart_resumes_the_stored_grants(make_api) -> None:
                 assert at == first_state.changed_s[name][role], (name, role)
                 kept += 1
     assert kept > 0
+
+
+async def test_a_failing_fleet_step_is_counted_and_shown_in_readyz(make_api) -> None:
+    api = await make_api(fleet_config())
+    fleet = api.app.state.fleet
+    # A real failure: the fleet's table is gone (as after a wrong manual migration).
+    with api.app.state.engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE fleet_state")
+    fleet.start()
+    try:
+        for _ in range(100):
+            if fleet.last_error:
+                break
+            await asyncio.sleep(0.02)
+        assert fleet.last_error and fleet.consecutive_failures >= 1
+        r = await api.client.get("/readyz")
+        assert r.status_code == 503
+        reasons = r.json()["deployments"]
+        assert all(any(x.startswith("last fleet step failed:") for x in reasons[n]) for n in NAMES), reasons
+        text = (await api.client.get("/metrics")).text
+        [failures] = [
+            float(line.split()[1])
+            for line in text.splitlines()
+            if line.startswith("dynamo_planner_fleet_step_failures_total ")
+        ]
+        assert failures == fleet.consecutive_failures >= 1
+    finally:
+        await fleet.stop()
