@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -223,3 +224,23 @@ async def test_a_failing_fleet_step_is_counted_and_shown_in_readyz(make_api) -> 
         assert failures == fleet.consecutive_failures >= 1
     finally:
         await fleet.stop()
+
+
+async def test_only_the_lease_holder_steps_and_the_other_shows_its_grants(make_api) -> None:
+    first = await make_api(fleet_config())
+    await run(first, 3)
+    # A second process on the same database while the first one's fleet lease runs.
+    second = await make_api(fleet_config(), start=first.clock.now())
+    assert await step(second) is None
+    assert second.app.state.fleet.is_leader is False
+    mine = (await first.client.get("/fleet")).json()
+    theirs = (await second.client.get("/fleet")).json()
+    assert (mine["leader"], theirs["leader"]) == (True, False)
+    assert theirs["members"] == mine["members"] and theirs["stepped_at"] == mine["stepped_at"]
+    # A deployment worker leading in the second process (the first one's stopped and let its
+    # lease go) ticks within the grants the first process stored.
+    await first.app.state.workers["batch"].stop()
+    assert await tick(second, "batch", 3) is not None
+    last = (await second.client.get("/diagnostics", params={"deployment": "batch"})).json()["items"][-1]
+    granted_at = datetime.fromisoformat(last["record"]["fleet"]["granted_at"])
+    assert granted_at == datetime.fromisoformat(mine["stepped_at"])
