@@ -16,7 +16,7 @@
 
   const CHARTS = [
     { id: "rate", title: "Load: request rate (req/s)", y: "req/s" },
-    { id: "replicas", title: "Replicas per role: ready as the planner knows it (solid), target (dotted)", y: "engines" },
+    { id: "replicas", title: "Replicas per role: ready as the planner knows it (solid), target (dotted), fleet grant (dash-dot)", y: "engines" },
     { id: "ttft", title: "TTFT (ms), observed mean against the target", y: "ms", log: true },
     { id: "itl", title: "ITL (ms), observed mean against the target", y: "ms", log: true },
     { id: "wishes", title: "SLA scaling: wish (solid) and need (dotted) per role", y: "engines" },
@@ -98,6 +98,7 @@
       target: counts(r.target),
       wish: {},
       need: {},
+      grant: {}, // the fleet grant the tick ran under, per role (its maximum)
       headroomTokens: num(growth[0]),
       headroomFlight: num(growth[1]),
       headroomLearned: demand.growth_learned === true,
@@ -108,6 +109,8 @@
       reason: (sla && sla.reason) || (load && load.reason) || (tp && tp.reason) || null,
       sla: !!sla,
     };
+    const fleetRoles = (r.fleet && r.fleet.roles) || {};
+    for (const [role, g] of Object.entries(fleetRoles)) if (num(g.granted) !== null) row.grant[role] = g.granted;
     for (const [role, section] of Object.entries(roles)) {
       if (num(section.wish) !== null) row.wish[role] = section.wish;
       if (num(section.needed) !== null) row.need[role] = section.needed;
@@ -222,6 +225,9 @@
       for (const role of roles) {
         replicaTraces.push(line(role + " ready", x, ticks.map((t) => t.ready[role] ?? null), { colour: COLOURS[role], shape: "hv" }));
         replicaTraces.push(line(role + " target", x, ticks.map((t) => t.target[role] ?? null), { colour: COLOURS[role], dash: "dot", shape: "hv" }));
+        if (ticks.some((t) => role in t.grant)) {
+          replicaTraces.push(line(role + " fleet grant", x, ticks.map((t) => t.grant[role] ?? null), { colour: COLOURS[role], dash: "dashdot", shape: "hv", width: 1 }));
+        }
         const decided = ticks.filter((t) => t.decision !== null && t.decision !== undefined && role in t.target);
         replicaTraces.push({
           type: "scatter", mode: "markers", name: role + " decision",
