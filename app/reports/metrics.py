@@ -278,6 +278,18 @@ class PlannerMetrics:
                 self.fleet_wish_engines.labels(name, role).set(g["wish"])
                 self.fleet_cut.labels(name, role).set(1 if g["engines"] < g["wish"] else 0)
 
+    def clear_fleet(self) -> None:
+        """Drop the fleet gauges: this process no longer runs the fleet step, and the one that
+        does exports them (two processes exporting different grants would read as a conflict)."""
+        for gauge in (
+            self.fleet_budget_gpus,
+            self.fleet_granted_gpus,
+            self.fleet_granted_engines,
+            self.fleet_wish_engines,
+            self.fleet_cut,
+        ):
+            gauge.clear()
+
     def add_notify_gauge(self) -> Gauge:
         if self.notify_connected is None:
             self.notify_connected = Gauge(

@@ -91,6 +91,8 @@ class FleetWorker:
                 session, holder=self._holder, now=now, ttl_s=self.lease_ttl_s
             )
             if not self.is_leader:
+                if was_leader:
+                    self._metrics.clear_fleet()
                 return None
             if not was_leader:
                 self._resume(fleet_store.load_fleet(session))
@@ -126,6 +128,7 @@ class FleetWorker:
             }
             if not fleet_store.save_fleet(session, holder=self._holder, at=now, record=record):
                 self.is_leader = False
+                self._metrics.clear_fleet()
                 return None
         # Stored: the next step starts from it (a failed write above keeps the old state).
         self.state = decision.state
@@ -226,6 +229,8 @@ class FleetWorker:
             )
             if self.is_leader and not was_leader:
                 self._resume(fleet_store.load_fleet(session))
+            if was_leader and not self.is_leader:
+                self._metrics.clear_fleet()
         return self.is_leader
 
     def start(self) -> None:

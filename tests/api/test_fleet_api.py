@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -175,8 +175,6 @@ async def test_a_restart_resumes_the_stored_grants(make_api) -> None:
     await run(first, 10)
     before = (await first.client.get("/fleet")).json()
     # Another process on the same database after the first one's fleet lease ran out.
-    from datetime import timedelta
-
     second = await make_api(fleet_config(), start=first.clock.now() + timedelta(seconds=60))
     worker = second.app.state.fleet
     assert worker.step(second.clock.now()) is not None
@@ -244,3 +242,19 @@ async def test_only_the_lease_holder_steps_and_the_other_shows_its_grants(make_a
     last = (await second.client.get("/diagnostics", params={"deployment": "batch"})).json()["items"][-1]
     granted_at = datetime.fromisoformat(last["record"]["fleet"]["granted_at"])
     assert granted_at == datetime.fromisoformat(mine["stepped_at"])
+
+
+async def test_a_process_that_lost_the_fleet_lease_stops_exporting_fleet_gauges(make_api) -> None:
+    first = await make_api(fleet_config())
+    await run(first, 2)
+    assert "dynamo_planner_fleet_budget_gpus{" in (await first.client.get("/metrics")).text
+    # The first process stalls past its lease; a second one takes the fleet step over.
+    second = await make_api(fleet_config(), start=first.clock.now() + timedelta(seconds=60))
+    assert await step(second) is not None
+    first.clock.advance(60)
+    assert await step(first) is None
+    mine = (await first.client.get("/metrics")).text
+    theirs = (await second.client.get("/metrics")).text
+    assert metric_values(mine, "dynamo_planner_fleet_granted_gpus") == {}
+    assert metric_values(mine, "dynamo_planner_fleet_budget_gpus") == {}
+    assert metric_values(theirs, "dynamo_planner_fleet_budget_gpus") == {(("gpu_type", "h200"),): BUDGET_GPUS}
