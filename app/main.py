@@ -20,6 +20,7 @@ from app.api.errors import install_error_handlers
 from app.api.openapi import add_problem_schema
 from app.api.routes import dashboard, decisions, diagnostics, docs, health, overrides, plan
 from app.api.routes import deployments as deployment_routes
+from app.api.routes import fleet as fleet_routes
 from app.api.shutdown import chain_shutdown_signals
 from app.config import DeploymentsFile, Settings, load_deployments
 from app.connectors.virtual import DecisionHub, PgDecisionListener
@@ -27,7 +28,9 @@ from app.planner_setup import build_planner
 from app.reports.metrics import PlannerMetrics
 from app.store.db import is_postgres, make_engine, make_session_factory
 from app.store.decisions import ensure_deployments
+from app.store.fleet import ensure_fleet
 from app.workers.clock import Clock, ScaledClock, SharedClock, SystemClock
+from app.workers.fleet import FleetWorker
 from app.workers.loop import DeploymentWorker, process_identity
 from app.workers.resources import make_connector, make_fpm_subscribers, make_source
 
@@ -61,6 +64,8 @@ def create_app(
         names = [d.name for d in deployments.deployments]
         with session_factory() as session, session.begin():
             ensure_deployments(session, names)
+            if deployments.fleet is not None:
+                ensure_fleet(session)
         hub = DecisionHub(
             session_factory,
             metrics,
@@ -94,9 +99,22 @@ def create_app(
                 fpm=make_fpm_subscribers(d, monotonic=scaled_monotonic),
                 lease_ttl_s=settings.lease_ttl_s,
                 lease_renew_s=settings.lease_renew_s,
+                in_fleet=deployments.fleet is not None,
             )
             for d in deployments.deployments
         }
+        fleet = None
+        if deployments.fleet is not None:
+            fleet = FleetWorker(
+                deployments=deployments,
+                session_factory=session_factory,
+                metrics=metrics,
+                clock=app.state.clock,
+                holder=holder,
+                gpus_per_engine=lambda name: workers[name].gpus_per_engine,
+                lease_ttl_s=settings.lease_ttl_s,
+                lease_renew_s=settings.lease_renew_s,
+            )
         for name, worker in workers.items():
             hub.subscribe(name, worker.on_decision_stored)
         app.state.engine = engine
@@ -104,7 +122,11 @@ def create_app(
         app.state.hub = hub
         app.state.listener = listener
         app.state.workers = workers
+        app.state.fleet = fleet
         if run_workers:
+            # The fleet first: its first step grants before the workers' first ticks.
+            if fleet is not None:
+                fleet.start()
             for worker in workers.values():
                 worker.start()
         log.info("planner %s serving %d deployment(s): %s", __version__, len(names), ", ".join(names))
@@ -113,6 +135,8 @@ def create_app(
         finally:
             unchain_signals()
             hub.drain()
+            if fleet is not None:
+                await fleet.stop()
             for worker in workers.values():
                 await worker.stop()
             if listener is not None:
@@ -147,7 +171,17 @@ def create_app(
     ]
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
-    for module in (health, deployment_routes, decisions, diagnostics, overrides, plan, docs, dashboard):
+    for module in (
+        health,
+        deployment_routes,
+        decisions,
+        diagnostics,
+        overrides,
+        plan,
+        fleet_routes,
+        docs,
+        dashboard,
+    ):
         app.include_router(module.router)
     add_problem_schema(app)
     return app

@@ -169,6 +169,74 @@ class WorkerState(BaseModel):
     last_error: str | None
 
 
+GrantReasonOut = Literal["wish_met", "cut_budget", "cut_max_share", "held"]
+
+
+class FleetCutOut(BaseModel):
+    by: str = Field(description="A deployment holding GPUs of the type the cut deployment wanted")
+    why: str = Field(description="Why it keeps them: higher priority, guarantee, marginal value, hysteresis")
+    gpus: int = Field(description="GPUs it holds of the type")
+
+
+class FleetRoleOut(BaseModel):
+    wish: int = Field(description="Engines the deployment's planner wished (its proposal within its bounds)")
+    granted: int = Field(description="Engines the fleet step granted: the role's maximum at the next tick")
+    cut: bool = Field(description="Granted fewer engines than wished")
+    reason: GrantReasonOut
+    detail: str
+
+
+class FleetMemberOut(BaseModel):
+    deployment: str
+    gpu_type: str
+    priority: int
+    guaranteed_gpus: int = Field(description="Configured guarantee: GPUs it gets whenever it wishes them")
+    max_gpus: int | None = Field(description="Configured max share (None: up to the budget)")
+    wish_gpus: int
+    granted_gpus: int
+    used_gpus: int | None = Field(description="GPUs of its latest decision (replicas x GPUs per engine)")
+    cut: bool = Field(description="Any role granted fewer engines than it wished")
+    roles: dict[str, FleetRoleOut]
+    cut_by: list[FleetCutOut] = Field(description="Who holds the GPUs it wanted, and why (empty unless cut)")
+    grant_changes: int = Field(description="Fleet steps that changed its grant since the fleet state began")
+    granted_at: datetime | None = Field(description="When the fleet step that gave this grant ran")
+
+
+class FleetBudgetOut(BaseModel):
+    gpu_type: str
+    budget_gpus: int
+    granted_gpus: int = Field(description="Sum of the grants; never above the budget")
+    used_gpus: int = Field(description="Sum of the GPUs of the deployments' latest decisions")
+    free_gpus: int = Field(description="Budget left after the grants")
+
+
+class FleetMoveOut(BaseModel):
+    at: datetime
+    gpu_type: str
+    taker: str
+    taker_role: str
+    donor: str
+    donor_role: str
+    gpus: int
+    reason: Literal["priority", "value"]
+    gain_per_gpu: float
+    loss_per_gpu: float
+
+
+class FleetOut(BaseModel):
+    stepped_at: datetime | None = Field(description="When the last fleet step ran (None: not yet)")
+    interval_s: float
+    margin: float
+    hold_s: float
+    leader: bool = Field(description="This process holds the fleet lease and runs the fleet step")
+    last_error: str | None = Field(
+        description="This process's last fleet step failure, if the last one failed"
+    )
+    budgets: list[FleetBudgetOut]
+    members: list[FleetMemberOut]
+    moves: list[FleetMoveOut] = Field(description="The last GPU moves between deployments, newest last")
+
+
 class DeploymentOut(BaseModel):
     name: str
     mode: Literal["disagg", "agg", "prefill", "decode"]
@@ -181,6 +249,10 @@ class DeploymentOut(BaseModel):
     active_overrides: list[OverrideOut]
     paused: bool
     worker: WorkerState
+    fleet: FleetMemberOut | None = Field(
+        default=None,
+        description="Its fleet grant, whether it is cut and why (None: no fleet, or no step yet)",
+    )
 
 
 class Health(BaseModel):

@@ -218,11 +218,77 @@ class PlannerMetrics:
             ["deployment", "role"],
             registry=r,
         )
+        # The fleet step (app/workers/fleet.py), exported by the process that runs it (holds the
+        # fleet lease); the others export nothing for it, as standby workers do for their ticks.
+        self.fleet_budget_gpus = Gauge(
+            "dynamo_planner_fleet_budget_gpus",
+            "GPUs the fleet may use, per GPU type",
+            ["gpu_type"],
+            registry=r,
+        )
+        self.fleet_granted_gpus = Gauge(
+            "dynamo_planner_fleet_granted_gpus",
+            "GPUs the last fleet step granted (engines granted x GPUs per engine)",
+            ["deployment", "role"],
+            registry=r,
+        )
+        self.fleet_granted_engines = Gauge(
+            "dynamo_planner_fleet_granted_engines",
+            "Engines the last fleet step granted",
+            ["deployment", "role"],
+            registry=r,
+        )
+        self.fleet_wish_engines = Gauge(
+            "dynamo_planner_fleet_wish_engines",
+            "Engines the deployment's planner wished (its last proposal within its bounds)",
+            ["deployment", "role"],
+            registry=r,
+        )
+        self.fleet_cut = Gauge(
+            "dynamo_planner_fleet_cut",
+            "1 while the fleet grants the role fewer engines than it wishes",
+            ["deployment", "role"],
+            registry=r,
+        )
+        self.fleet_grant_changes = Counter(
+            "dynamo_planner_fleet_grant_changes",
+            "Fleet steps that changed the deployment's grant",
+            ["deployment"],
+            registry=r,
+        )
+        self.fleet_step_failures = Counter(
+            "dynamo_planner_fleet_step_failures", "Fleet steps that raised", registry=r
+        )
         # The labelled children set for each deployment by its last load step, so the next step
         # removes what it does not set again (departed engines disappear, rather than freeze at
         # their last value). Only this deployment's children: one registry serves all deployments.
         self._load_children: dict[str, list[tuple[Gauge, tuple[str, ...]]]] = {}
         self._load_lock = threading.Lock()
+
+    def observe_fleet(self, budget_gpus: Mapping[str, int], grants: Mapping[str, Any]) -> None:
+        """Export one fleet step: `grants` as app/workers/fleet.py stores them (DeploymentGrant.as_dict()
+        with `gpus_per_engine`)."""
+        for gpu_type, budget in budget_gpus.items():
+            self.fleet_budget_gpus.labels(gpu_type).set(budget)
+        for name, grant in grants.items():
+            for role, g in grant["roles"].items():
+                self.fleet_granted_engines.labels(name, role).set(g["engines"])
+                gpus = grant["gpus_per_engine"].get(role, 1)
+                self.fleet_granted_gpus.labels(name, role).set(g["engines"] * gpus)
+                self.fleet_wish_engines.labels(name, role).set(g["wish"])
+                self.fleet_cut.labels(name, role).set(1 if g["engines"] < g["wish"] else 0)
+
+    def clear_fleet(self) -> None:
+        """Drop the fleet gauges: this process no longer runs the fleet step, and the one that
+        does exports them (two processes exporting different grants would read as a conflict)."""
+        for gauge in (
+            self.fleet_budget_gpus,
+            self.fleet_granted_gpus,
+            self.fleet_granted_engines,
+            self.fleet_wish_engines,
+            self.fleet_cut,
+        ):
+            gauge.clear()
 
     def add_notify_gauge(self) -> Gauge:
         if self.notify_connected is None:

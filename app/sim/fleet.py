@@ -47,9 +47,10 @@ from app.config import (
     validate_deployments,
 )
 from app.core.fleet import FleetDecision, FleetMember, FleetSettings, FleetState, fleet_step
+from app.core.fleet_grants import asked_of, grant_record, wish_of, with_grant
 from app.core.fleet_variants import Variant, variant_key
 from app.core.traces import TraceRequest
-from app.core.types import ActiveOverrides, Role
+from app.core.types import ActiveOverrides
 from app.embedding import EmbeddedPlanner, TickInput, TrafficWindow
 from app.sim.cluster import ROLES, Cluster
 from app.sim.config import ReplayConfig, SimulationConfig, _SimulationSection
@@ -186,6 +187,7 @@ class _Member:
     next_tick_s: float
     wish: dict[str, int]
     grant: dict[str, int] | None = None  # None: no cap (equal, before the first fleet step)
+    fleet_grant: dict[str, Any] | None = None  # the fleet step's grant (`DeploymentGrant.as_dict()`)
     desired: dict[str, int] | None = None  # the planner's latest decision (fcfs clips it)
     grant_changes: int = 0
     peak_wish_gpus: int = 0
@@ -311,6 +313,7 @@ def run_fleet(config: FleetReplayConfig, policy: str, *, progress: bool = False)
                     _variant_grant(m, decision, now, log)
                     continue
                 grant = dict(decision.grants[m.name].engines)
+                m.fleet_grant = decision.grants[m.name].as_dict()
                 if m.grant is None or grant != m.grant:
                     # The first grant is logged (the grants replay from the log) but not a change.
                     m.grant_changes += m.grant is not None
@@ -467,13 +470,8 @@ def _tick(m: _Member, now: float, *, with_caps: bool) -> None:
     before = m.counters or FrontendCounters().snapshot(m.planner.start_s)
     m.counters = counters
     window = TrafficWindow(**asdict(FrontendCounters.window(before, counters)))
-    overrides = ActiveOverrides()
-    if with_caps and m.grant is not None:
-        bounds: dict[Role, dict[str, int]] = {
-            role: {"max": m.grant[role], "min": min(m.deployment.role(role).min_replicas, m.grant[role])}
-            for role in ROLES  # type: ignore[misc]
-        }
-        overrides = ActiveOverrides(bounds_id=0, bounds=bounds)
+    # The grant binds as per-role maximum bounds, exactly as `planner serve` applies it.
+    overrides = with_grant(ActiveOverrides(), m.fleet_grant if with_caps else None, m.deployment.bounds())
     out = m.planner.on_tick(
         TickInput(
             now_s=now,
@@ -485,18 +483,20 @@ def _tick(m: _Member, now: float, *, with_caps: bool) -> None:
             overrides=overrides,
         )
     )
-    proposal = out.diagnostics["stages"][0]["replicas"]
-    if proposal is not None:
+    stages = out.diagnostics["stages"]
+    wish = wish_of(stages[0]["replicas"], m.deployment.bounds())
+    if wish is not None:
         # The wish: what SLA scaling asks for before any cap, within the deployment's own bounds.
-        bounds = m.deployment.bounds()
-        m.wish = {r: bounds[r].clamp(int(proposal[r])) for r in ROLES}  # type: ignore[index]
+        m.wish = dict(wish)
         m.peak_wish_gpus = max(m.peak_wish_gpus, m.gpus(m.wish))
+    fleet = grant_record(m.fleet_grant if with_caps else None, asked=asked_of(stages), target=out.target)
+    reasons = [*out.reasons, f"fleet: {fleet['note']}"] if fleet and fleet["note"] else out.reasons
     if out.target is not None:
         m.desired = {r: int(out.target[r]) for r in ROLES}
         for role, count in out.target.items():
             if role in ROLES and count != cluster.targets[role]:
                 cluster.set_target(role, count)
-    m.decisions.append(DecisionEvent(now, out.target, "; ".join(out.reasons)))
+    m.decisions.append(DecisionEvent(now, out.target, "; ".join(reasons)))
     m.next_tick_s = out.next_tick_s if out.next_tick_s > now else math.inf
 
 

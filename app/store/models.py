@@ -81,6 +81,21 @@ class PlannerStateRow(Base):
     state: Mapped[bytes] = mapped_column(LargeBinary)
 
 
+class FleetStateRow(Base):
+    """The fleet step's lease and its last answer (app/workers/fleet.py): one row per fleet
+    (`name` is "fleet"). `record` holds the fleet state the next step needs (grants and when each
+    changed, the last wishes), the grants every worker applies at its next tick, and the last
+    moves, so a restart or another process resumes the grants instead of starting over."""
+
+    __tablename__ = "fleet_state"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    lease_holder: Mapped[str | None] = mapped_column(String(128))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    stepped_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    record: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+
+
 class Tick(Base):
     __tablename__ = "ticks"
     __table_args__ = (Index("ix_ticks_deployment_at", "deployment", "at"),)

@@ -32,6 +32,7 @@ from app.connectors.base import Connector
 from app.connectors.virtual import DecisionHub
 from app.core.diagnostics import TickDiagnostics
 from app.core.errors import ConnectorError, ConnectorNotReadyError, SourceUnavailableError
+from app.core.fleet_grants import asked_of, grant_record, with_grant
 from app.core.perf.fpm import ForwardPassMetrics
 from app.core.planner import Effects, Planner, TickInput
 from app.core.types import DecisionStatus, Role, TrafficObservation
@@ -41,6 +42,7 @@ from app.sources.fpm import FpmSubscriber
 from app.sources.fpm import as_json as fpm_as_json
 from app.sources.traffic import TrafficSource
 from app.store import decisions as decision_store
+from app.store import fleet as fleet_store
 from app.store import planner_state as state_store
 from app.store import ticks as tick_store
 from app.store.models import Decision, PlannerStateRow
@@ -115,8 +117,11 @@ class DeploymentWorker:
         fpm: dict[Role, FpmSubscriber] | None = None,
         lease_ttl_s: float = LEASE_TTL_S,
         lease_renew_s: float = LEASE_RENEW_S,
+        in_fleet: bool = False,
     ) -> None:
         self.config = config
+        # Under a fleet budget: every tick applies the grant the fleet step stored (app/workers/fleet.py).
+        self.in_fleet = in_fleet
         self.planner = planner or Planner(
             planner_settings(config, None), model=None, model_error="no profile configured"
         )
@@ -172,6 +177,9 @@ class DeploymentWorker:
                 )
             latest = decision_store.latest_decision(session, name)
             overrides = active_overrides(session, name, now)
+            grant = fleet_store.stored_grant(session, name) if self.in_fleet else None
+            # The grant binds as per-role maximum bounds, exactly as `planner replay` applies it.
+            overrides = with_grant(overrides, grant, self.planner.settings.bounds)
             effects = self.planner.on_tick(
                 TickInput(
                     now_s=now.timestamp(),
@@ -185,9 +193,21 @@ class DeploymentWorker:
                     ready=gathered.ready,
                 )
             )
+            stages = [st.as_dict() for st in effects.stages]
+            fleet = grant_record(
+                grant,
+                asked=asked_of(stages),
+                target=effects.target,
+                at=grant.get("at") if grant else None,
+            )
+            reasons = effects.reasons
+            if fleet is not None and fleet["note"]:
+                # The decision says when the fleet, not its own planner, set its numbers.
+                reasons = [*reasons, f"fleet: {fleet['note']}"]
             record = effects.diagnostics.model_copy(
                 update={
                     "at": now.isoformat(),
+                    "fleet": fleet,
                     "fpm": gathered.fpm_sources,
                     # The throughput step records what it observed; SLA scaling's diagnostics do not.
                     "traffic": gathered.traffic_json() if self.planner.settings.sla else None,
@@ -207,7 +227,7 @@ class DeploymentWorker:
                     deployment=name,
                     target=effects.target,
                     source=effects.source,
-                    reasons=effects.reasons,
+                    reasons=reasons,
                     now=now,
                     ack_timeout_s=self.config.connector.ack_timeout_s,
                     await_ack=self.config.awaits_ack,

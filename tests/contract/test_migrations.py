@@ -82,6 +82,7 @@ def test_model_tables_are_known() -> None:
         "decision_acks",
         "decisions",
         "deployment_state",
+        "fleet_state",
         "overrides",
         "planner_state",
         "ticks",

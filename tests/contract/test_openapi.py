@@ -28,6 +28,7 @@ EXPECTED_OPERATION_IDS = {
     "delete_override",
     "list_audit",
     "plan",
+    "get_fleet",
 }
 
 

@@ -12,6 +12,7 @@ from app.api.auth import Viewer
 from app.api.convert import decision_out, override_out
 from app.api.deps import DeploymentsDep, NowDep, SessionDep, deployment_or_raise
 from app.api.errors import problem_responses
+from app.api.fleet_view import deployment_fleet
 from app.api.schemas import DeploymentOut, RoleSummary, WorkerState
 from app.config import DeploymentConfig
 from app.store import decisions as decision_store
@@ -25,6 +26,7 @@ def _summary(request: Request, session: Session, config: DeploymentConfig, now: 
     confirmed = decision_store.last_acknowledged(session, config.name)
     active = override_store.list_overrides(session, deployment=config.name, include_inactive=False, now=now)
     worker = request.app.state.workers[config.name]
+    deployments = request.app.state.deployments
     return DeploymentOut(
         name=config.name,
         mode=config.mode,
@@ -51,6 +53,7 @@ def _summary(request: Request, session: Session, config: DeploymentConfig, now: 
             last_tick_at=worker.last_tick_at,
             last_error=worker.last_error,
         ),
+        fleet=deployment_fleet(session, deployments, config.name),
     )
 
 

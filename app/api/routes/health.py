@@ -57,6 +57,7 @@ def readyz(request: Request) -> JSONResponse:
     state.readyz_database = database
     problems: dict[str, list[str]] = {}
     listener = state.listener
+    fleet = getattr(state, "fleet", None)
     for name, worker in state.workers.items():
         reasons = list(worker.startup_problems)
         if worker.source_error:
@@ -67,6 +68,11 @@ def readyz(request: Request) -> JSONResponse:
             reasons.append(f"last tick failed: {worker.last_error}")
         if listener is not None and not listener.connected.is_set():
             reasons.append(f"decision listener is not connected ({listener.last_error or 'connecting'})")
+        # Every deployment of the fleet ticks within the grants the fleet loop stores.
+        if fleet is not None and worker.running and not fleet.running:
+            reasons.append("fleet loop is not running")
+        if fleet is not None and fleet.last_error:
+            reasons.append(f"last fleet step failed: {fleet.last_error}")
         problems[name] = [short_reason(r) for r in reasons]
     ready = database == "ok" and not any(problems.values())
     body = Readiness(ready=ready, database=database, deployments=problems)

@@ -16,7 +16,7 @@
 
   const CHARTS = [
     { id: "rate", title: "Load: request rate (req/s)", y: "req/s" },
-    { id: "replicas", title: "Replicas per role: ready as the planner knows it (solid), target (dotted)", y: "engines" },
+    { id: "replicas", title: "Replicas per role: ready as the planner knows it (solid), target (dotted), fleet grant (dash-dot)", y: "engines" },
     { id: "ttft", title: "TTFT (ms), observed mean against the target", y: "ms", log: true },
     { id: "itl", title: "ITL (ms), observed mean against the target", y: "ms", log: true },
     { id: "wishes", title: "SLA scaling: wish (solid) and need (dotted) per role", y: "engines" },
@@ -98,6 +98,7 @@
       target: counts(r.target),
       wish: {},
       need: {},
+      grant: {}, // the fleet grant the tick ran under, per role (its maximum)
       headroomTokens: num(growth[0]),
       headroomFlight: num(growth[1]),
       headroomLearned: demand.growth_learned === true,
@@ -108,6 +109,8 @@
       reason: (sla && sla.reason) || (load && load.reason) || (tp && tp.reason) || null,
       sla: !!sla,
     };
+    const fleetRoles = (r.fleet && r.fleet.roles) || {};
+    for (const [role, g] of Object.entries(fleetRoles)) if (num(g.granted) !== null) row.grant[role] = g.granted;
     for (const [role, section] of Object.entries(roles)) {
       if (num(section.wish) !== null) row.wish[role] = section.wish;
       if (num(section.needed) !== null) row.need[role] = section.needed;
@@ -122,7 +125,6 @@
       this.name = info.name;
       this.info = info;
       this.since = since;
-      this.cursor = null;
       this.ticks = [];
       this.decisions = new Map();
       this.section = document.createElement("section");
@@ -152,16 +154,23 @@
 
     async poll(info) {
       this.info = info;
+      // Only the ticks after the last one shown: /diagnostics pages go backwards (`cursor` gives
+      // the ticks before it), so read the newest pages from the last tick's time (or the window's
+      // start) until a page reaches what is already shown.
       const base = "diagnostics?deployment=" + encodeURIComponent(this.name) + "&limit=" + PAGE;
+      const shown = this.ticks.length ? this.ticks[this.ticks.length - 1] : null;
+      const from = shown ? shown.t : this.since;
+      const fresh = [];
+      let cursor = null;
       for (;;) {
-        const url = this.cursor !== null
-          ? base + "&cursor=" + this.cursor
-          : base + (this.since ? "&since=" + encodeURIComponent(this.since) : "");
+        const url = base + (from ? "&since=" + encodeURIComponent(from) : "") + (cursor !== null ? "&cursor=" + cursor : "");
         const page = await getJson(url);
-        for (const tick of page.items) this.ticks.push(readTick(tick));
-        if (page.items.length) this.cursor = page.items[page.items.length - 1].id;
-        if (page.next_cursor === null || page.next_cursor === undefined) break;
+        const items = page.items.filter((t) => !shown || t.id > shown.id);
+        fresh.unshift(...items);
+        if (page.next_cursor === null || page.next_cursor === undefined || items.length < page.items.length) break;
+        cursor = page.next_cursor;
       }
+      for (const tick of fresh) this.ticks.push(readTick(tick));
       if (this.ticks.length) {
         const last = Date.parse(this.ticks[this.ticks.length - 1].t);
         const keepFrom = last - WINDOW_S * 1000;
@@ -192,6 +201,7 @@
         ["ready", info.ready ? fmtCounts(info.ready) : "unknown"],
         ["desired", info.desired ? fmtCounts(info.desired) : "none yet"],
         ["paused", info.paused ? "yes" : "no"],
+        ...(info.fleet ? [["fleet grant", fleetText(info.fleet)]] : []),
         ["ticks shown", String(ticks.length)],
         ["last tick", last ? `${last.t} (${last.reason || "no reason"})` : "none yet"],
       ];
@@ -215,6 +225,9 @@
       for (const role of roles) {
         replicaTraces.push(line(role + " ready", x, ticks.map((t) => t.ready[role] ?? null), { colour: COLOURS[role], shape: "hv" }));
         replicaTraces.push(line(role + " target", x, ticks.map((t) => t.target[role] ?? null), { colour: COLOURS[role], dash: "dot", shape: "hv" }));
+        if (ticks.some((t) => role in t.grant)) {
+          replicaTraces.push(line(role + " fleet grant", x, ticks.map((t) => t.grant[role] ?? null), { colour: COLOURS[role], dash: "dashdot", shape: "hv", width: 1 }));
+        }
         const decided = ticks.filter((t) => t.decision !== null && t.decision !== undefined && role in t.target);
         replicaTraces.push({
           type: "scatter", mode: "markers", name: role + " decision",
@@ -319,6 +332,79 @@
     }
   }
 
+  // --- the fleet ---------------------------------------------------------------------------------
+
+  function fleetText(m) {
+    const roles = Object.entries(m.roles).map(([r, g]) => `${r} ${g.granted} of ${g.wish}`).join(", ");
+    return `${roles} (${m.granted_gpus} of ${m.wish_gpus} GPUs wished)` + (m.cut ? ": CUT, " + cutText(m) : "");
+  }
+
+  function cutText(m) {
+    const reasons = Object.entries(m.roles).filter(([, g]) => g.cut).map(([r, g]) => `${r} ${g.reason}`);
+    const by = (m.cut_by || []).map((c) => `${c.by} (${c.why}, ${c.gpus} GPUs)`);
+    return reasons.join(", ") + (by.length ? "; cut by " + by.join(", ") : "");
+  }
+
+  function fillTable(table, headings, rows, empty) {
+    table.innerHTML = "";
+    const head = table.insertRow();
+    for (const h of headings) {
+      const th = document.createElement("th");
+      th.textContent = h;
+      head.appendChild(th);
+    }
+    if (!rows.length) {
+      const cell = table.insertRow().insertCell();
+      cell.colSpan = headings.length;
+      cell.className = "empty";
+      cell.textContent = empty;
+    }
+    return rows.map((cells) => {
+      const tr = table.insertRow();
+      for (const text of cells) tr.insertCell().textContent = text;
+      return tr;
+    });
+  }
+
+  function renderFleet(fleet) {
+    const section = document.getElementById("fleet");
+    section.hidden = false;
+    const budgets = fleet.budgets.map((b) =>
+      `${b.gpu_type}: budget ${b.budget_gpus} GPUs, granted ${b.granted_gpus}, used ${b.used_gpus}, free ${b.free_gpus}`);
+    document.getElementById("fleet-budgets").textContent =
+      budgets.join("; ") + (fleet.stepped_at ? `; last step ${fleet.stepped_at}` : "; no fleet step yet") +
+      (fleet.last_error ? `; last step failed: ${fleet.last_error}` : "");
+    const rows = fleet.members.map((m) => [
+      m.deployment, String(m.priority), fmtCounts(Object.fromEntries(Object.entries(m.roles).map(([r, g]) => [r, g.wish]))),
+      fmtCounts(Object.fromEntries(Object.entries(m.roles).map(([r, g]) => [r, g.granted]))),
+      `${m.wish_gpus} / ${m.granted_gpus} / ${m.used_gpus ?? "–"}`, m.cut ? "cut" : "no",
+      Object.entries(m.roles).map(([r, g]) => `${r} ${g.reason}: ${g.detail}`).join("; "),
+      (m.cut_by || []).map((c) => `${c.by}: ${c.why}`).join("; ") || "–",
+    ]);
+    const trs = fillTable(document.getElementById("fleet-members"),
+      ["deployment", "priority", "wish", "grant", "GPUs wished / granted / used", "cut", "reasons", "cut by"],
+      rows, "no grant yet");
+    trs.forEach((tr, i) => {
+      tr.dataset.deployment = fleet.members[i].deployment;
+      tr.dataset.cut = fleet.members[i].cut ? "1" : "0";
+      if (fleet.members[i].cut) tr.className = "cut";
+    });
+    const moves = fleet.moves.slice(-10).reverse().map((m) => [
+      m.at.replace("T", " ").replace(/(\.\d+)?(Z|\+00:00)$/, ""), `${m.donor} ${m.donor_role} -> ${m.taker} ${m.taker_role}`,
+      String(m.gpus), m.reason,
+    ]);
+    fillTable(document.getElementById("fleet-moves"), ["moved at", "from -> to", "GPUs", "why"], moves,
+      "no GPUs moved between deployments yet");
+  }
+
+  async function pollFleet() {
+    const resp = await fetch("fleet", { headers: headers(), cache: "no-store" });
+    if (resp.status === 404) return; // no fleet: section in the deployments file
+    if (resp.status === 401 || resp.status === 403) throw new AuthError(resp.statusText);
+    if (!resp.ok) throw new Error("fleet answered " + resp.status);
+    renderFleet(await resp.json());
+  }
+
   function replicasOf(d) {
     const out = {};
     for (const role of ROLES) if (d["num_" + role] !== null && d["num_" + role] !== undefined) out[role] = d["num_" + role];
@@ -372,6 +458,7 @@
         since = new Date(Date.parse(clock.now) - WINDOW_S * 1000).toISOString();
       }
       const deployments = await getJson("deployments");
+      await pollFleet();
       for (const info of deployments) {
         if (!views.has(info.name)) views.set(info.name, new DeploymentView(info, since));
         await views.get(info.name).poll(info);
