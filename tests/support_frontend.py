@@ -39,6 +39,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from app.core.types import TrafficObservation
+from app.sim.frontend import FrontendCounters
 from tests.support import REPO_ROOT, free_port
 
 TRACE = REPO_ROOT / "data" / "traces" / "mooncake_trace_arxiv_first1000.jsonl"
@@ -475,3 +476,51 @@ class StandInServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=10)
+
+
+class RampingFrontend:
+    """A stand-in frontend's `/metrics`: requests of ISL/OSL tokens arrive at a rate that grows
+    by `growth` per second from `start_rps`, and the counters say so every 0.1 s.
+
+    Compound growth, not a straight line: a wish that overshot once (a burst window measured
+    on a loaded machine) is held until the traffic catches up with it, and a rate growing by
+    a fixed share catches up with any overshoot in bounded time."""
+
+    def __init__(self, start_rps: float, growth: float, *, isl: int = 3000, osl: int = 200) -> None:
+        self.isl, self.osl = isl, osl
+        self.counters = FrontendCounters(model="llama")
+        self.server = StandInServer()
+        self.start_rps, self.growth = start_rps, growth
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def _publish(self) -> None:
+        self.server.answer = Canned(body=self.counters.render_prometheus().encode())
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        owed = 0.0
+        while not self._stop.wait(0.1):
+            rate = self.start_rps * (1 + self.growth) ** (time.monotonic() - started)
+            owed += rate * 0.1
+            while owed >= 1:
+                owed -= 1
+                self.counters.on_arrival()
+                self.counters.on_first_token(0.2)
+                self.counters.on_complete(self.isl, self.osl, 0.02, 4.2)
+            self._publish()
+
+    def __enter__(self) -> RampingFrontend:
+        self._publish()
+        self.server.__enter__()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.server.__exit__(*exc)

@@ -31,7 +31,6 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
 from app.core.planner import PlannerState
-from app.sim.frontend import FrontendCounters
 from app.store.models import Decision, PlannerStateRow, Tick
 from tests.support import (
     OPER,
@@ -47,7 +46,7 @@ from tests.support import (
     start_or_fail,
     write_config,
 )
-from tests.support_frontend import Canned, StandInServer
+from tests.support_frontend import RampingFrontend
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(240)]
 
@@ -58,57 +57,6 @@ LEASE_RENEW_S = 1.0
 # Scheduling slack on a loaded machine: the survivor asks for the lease at its expiry and
 # ticks with the same `now`, so this is only the event loop's lateness.
 SLACK_S = 1.0
-ISL, OSL = 3000, 200
-
-
-# --- the world: a frontend whose traffic ramps up ---------------------------------------------------
-
-
-class RampingFrontend:
-    """A stand-in frontend's `/metrics`: requests of ISL/OSL tokens arrive at a rate that grows
-    by `growth` per second from `start_rps`, and the counters say so every 0.1 s.
-
-    Compound growth, not a straight line: a wish that overshot once (a burst window measured
-    on a loaded machine) is held until the traffic catches up with it, and a rate growing by
-    a fixed share catches up with any overshoot in bounded time."""
-
-    def __init__(self, start_rps: float, growth: float) -> None:
-        self.counters = FrontendCounters(model="llama")
-        self.server = StandInServer()
-        self.start_rps, self.growth = start_rps, growth
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-    def _publish(self) -> None:
-        self.server.answer = Canned(body=self.counters.render_prometheus().encode())
-
-    def _run(self) -> None:
-        started = time.monotonic()
-        owed = 0.0
-        while not self._stop.wait(0.1):
-            rate = self.start_rps * (1 + self.growth) ** (time.monotonic() - started)
-            owed += rate * 0.1
-            while owed >= 1:
-                owed -= 1
-                self.counters.on_arrival()
-                self.counters.on_first_token(0.2)
-                self.counters.on_complete(ISL, OSL, 0.02, 4.2)
-            self._publish()
-
-    def __enter__(self) -> RampingFrontend:
-        self._publish()
-        self.server.__enter__()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        self.server.__exit__(*exc)
 
 
 # --- helpers ----------------------------------------------------------------------------------------
