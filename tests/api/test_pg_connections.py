@@ -35,7 +35,6 @@ def round_trips(engine: Engine) -> Iterator[list[str]]:
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace"
         with open(trace, "w") as fh:
-
             traced = []
 
             def on_checkout(dbapi_conn, _record, _proxy):  # type: ignore[no-untyped-def]
