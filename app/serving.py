@@ -11,7 +11,6 @@ handler (app/logs.py), which escapes control characters like every other record.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 from typing import Any
@@ -80,66 +79,6 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-class BatchedWrites:
-    """A connection's transport whose writes within one step of the event loop leave together,
-    in one send() at the end of the step.
-
-    uvicorn writes a response's status line and headers, then its body: two sends, two TCP
-    segments and two wake-ups of the client for a small JSON answer. When a decision wakes 500
-    held long-polls, those sends were most of the event loop's time (bench/api.py, profiled).
-    Batched, every response is one send; the bytes leave one loop step later, once every task
-    the step runs (every woken waiter) has written its answer. Everything but writing and
-    closing is the transport's own."""
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._pending: list[bytes] = []
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not self._pending:
-            self._loop.call_soon(self.flush)
-        self._pending.append(bytes(data))
-
-    def writelines(self, chunks: Any) -> None:
-        for chunk in chunks:
-            self.write(chunk)
-
-    def flush(self) -> None:
-        if not self._pending:
-            return
-        data = b"".join(self._pending)
-        self._pending = []
-        if not self._transport.is_closing():
-            self._transport.write(data)
-
-    def close(self) -> None:
-        self.flush()  # the transport sends what it was given before it closes
-        self._transport.close()
-
-    def abort(self) -> None:
-        self._pending = []
-        self._transport.abort()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
-def _http_protocol() -> Any:
-    """uvicorn's httptools protocol with BatchedWrites; uvicorn's own choice if httptools is
-    missing."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:  # pragma: no cover - uvicorn[standard] brings httptools
-        return "auto"
-
-    class BatchedHttpToolsProtocol(HttpToolsProtocol):
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(BatchedWrites(transport, self.loop))  # type: ignore[arg-type]
-
-    return BatchedHttpToolsProtocol
-
-
 def serve(app: Any, sock: socket.socket, *, log_level: str, describe: Any) -> None:
     """Serve `app` on `sock` until stopped. A start-up failure raises StartupError with
     `describe(exception)`, one line."""
@@ -152,7 +91,6 @@ def serve(app: Any, sock: socket.socket, *, log_level: str, describe: Any) -> No
         log_level=log_level.lower(),
         access_log=False,
         interface="asgi3",
-        http=_http_protocol(),
         lifespan="on",
         # Held long-polls (up to 300 s) must not keep a stopping planner alive; orchestrators
         # poll again and another process (or this one, restarted) answers.
