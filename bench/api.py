@@ -11,7 +11,10 @@ PLANNER_TEST_POSTGRES_URL) with the demo deployment, stores 50 decisions (pins),
 3. `--waiters` (500) connections hold `GET /decisions/wait?deployment=demo&after=N&timeout_s=60`;
    when /metrics shows all of them held, t0, and a pin stores a new decision; each waiter's
    wake-up latency is (its whole response has arrived - t0), the pin's commit included;
-   `--rounds` (3) rounds, samples pooled (the same procedure as bench/longpoll.py).
+   `--rounds` (3) rounds, samples pooled (the same procedure as bench/longpoll.py); and the
+   server's CPU time and write system calls from t0 to the last answer (/proc schedstat and io;
+   the median of the rounds), which the machine's other jobs do not inflate as they do the
+   latencies.
 
 The load comes from one asyncio process on the same machine, speaking HTTP/1.1 over plain asyncio
 streams (bench/longpoll.py's raw client). Goals: the page at 0.5x healthz or better, wake-up p99
@@ -98,6 +101,27 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_ns(pid: int) -> int:
+    """CPU nanoseconds the process's live threads have run so far (/proc schedstat: finer than
+    cpu_s's clock ticks, 10 ms here, for the short wake-ups)."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # the thread ended
+    return total
+
+
+def write_calls(pid: int) -> int:
+    """Write-family system calls the process has made so far (/proc io `syscw`): the server's
+    socket sends (and its log writes)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("syscw:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no syscw in /proc/{pid}/io")
+
+
 async def rates(
     conns: list[RawConnection],
     targets: dict[str, tuple[str, dict[str, Any], dict[str, str], Any]],
@@ -177,10 +201,24 @@ async def run(url: str, workdir: Path, args: argparse.Namespace) -> dict[str, An
             conns += waiters
             samples: list[float] = []
             per_round_p99: list[float] = []
+            wake_cpu_ms: list[float] = []
+            wake_writes: list[int] = []
             after = last
             for round_no in range(args.rounds):
                 n = 4 + round_no % 4
-                latencies, _, after = await wake_round([w.get for w in waiters], control, after, (n, n + 1))
+                at_t0 = [0, 0]
+
+                def mark(at_t0: list[int] = at_t0) -> None:
+                    at_t0[:] = [cpu_ns(pid), write_calls(pid)]
+
+                latencies, _, after = await wake_round(
+                    [w.get for w in waiters], control, after, (n, n + 1), at_t0=mark
+                )
+                # The server's CPU time and write calls from the pin to the last answer: the pin
+                # request, the hub's wake-up and the 500 responses (whatever the load client and
+                # the machine's other jobs take of the CPUs).
+                wake_cpu_ms.append(round((cpu_ns(pid) - at_t0[0]) / 1e6, 1))
+                wake_writes.append(write_calls(pid) - at_t0[1])
                 samples += latencies
                 per_round_p99.append(round(percentile(latencies, 99) * 1000, 1))
     except BaseException:
@@ -212,6 +250,10 @@ async def run(url: str, workdir: Path, args: argparse.Namespace) -> dict[str, An
         "wake_p99_ms": round(percentile(ms, 99), 1),
         "wake_max_ms": round(max(ms), 1),
         "per_round_p99_ms": per_round_p99,
+        "wake_server_cpu_ms": sorted(wake_cpu_ms)[len(wake_cpu_ms) // 2],
+        "per_round_wake_server_cpu_ms": wake_cpu_ms,
+        "wake_server_write_calls": sorted(wake_writes)[len(wake_writes) // 2],
+        "per_round_wake_server_write_calls": wake_writes,
     }
 
 
@@ -220,13 +262,14 @@ def table(r: dict[str, Any]) -> str:
         [
             "| backend | GET /healthz req/s | GET /decisions (50) req/s | ratio (goal >= 0.5) "
             "| server CPU ms/req healthz, page | waiters | wake p50 ms | wake p99 ms (goal < 100) "
-            "| wake max ms |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| wake max ms | server CPU ms, write calls per wake-up |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             f"| {r['backend']} | {r['healthz_rps']:.0f} | {r['decisions_page_rps']:.0f} "
             f"| {r['page_to_healthz']:.2f} "
             f"| {r['healthz_server_cpu_ms']:.2f}, {r['decisions_page_server_cpu_ms']:.2f} "
             f"| {r['waiters']} | {r['wake_p50_ms']:.1f} "
-            f"| {r['wake_p99_ms']:.1f} | {r['wake_max_ms']:.1f} |",
+            f"| {r['wake_p99_ms']:.1f} | {r['wake_max_ms']:.1f} "
+            f"| {r['wake_server_cpu_ms']:.1f}, {r['wake_server_write_calls']} |",
         ]
     )
 

@@ -162,10 +162,15 @@ async def pin(control: httpx.AsyncClient, prefill: int, decode: int, reason: str
 
 
 async def wake_round(
-    getters: list[Getter], control: httpx.AsyncClient, after: int, target: tuple[int, int]
+    getters: list[Getter],
+    control: httpx.AsyncClient,
+    after: int,
+    target: tuple[int, int],
+    at_t0: Callable[[], None] | None = None,
 ) -> tuple[list[float], float, int]:
     """Hold one long-poll per getter, pin, and return each waiter's latency (s), the pin request's
-    own duration (s) and the new decision id."""
+    own duration (s) and the new decision id. `at_t0`, if given, is called once every waiter is
+    held, just before the pin."""
     received: list[tuple[float, int, Any]] = []
     params = {"deployment": "demo", "after": after, "timeout_s": 60}
 
@@ -185,6 +190,8 @@ async def wake_round(
             f"the server never held {len(getters)} waiters (now {await held_waiters(control)})"
         )
 
+    if at_t0 is not None:
+        at_t0()
     t0 = time.perf_counter()
     decision_id = await pin(control, *target, reason=f"bench round after {after}")
     pin_s = time.perf_counter() - t0

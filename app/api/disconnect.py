@@ -11,7 +11,6 @@ blocks until exactly that.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -30,23 +29,36 @@ async def _until_disconnected(receive: Receive) -> None:
 
 
 async def unless_client_leaves(receive: Receive, work: Coroutine[Any, Any, T]) -> T:
-    """Run `work` until it finishes or the client disconnects, whichever comes first. On a
+    """Await `work` until it finishes or the client disconnects, whichever comes first. On a
     disconnect `work` is cancelled (its `finally` blocks run before this returns) and
-    `ClientGone` is raised; an exception of `work` propagates as it is."""
-    task = asyncio.ensure_future(work)
+    `ClientGone` is raised; an exception of `work` propagates as it is.
+
+    `work` runs in the request's own task and a watcher task cancels that task if the client
+    leaves (as `asyncio.timeout` does at its deadline), rather than `work` in a task of its own:
+    when a decision wakes 500 waiters, each answers in one step, and the watchers are cancelled
+    after the answers are written."""
+    request_task = asyncio.current_task()
+    assert request_task is not None
+    gone = finished = False
+
+    def on_watcher_done(watcher: asyncio.Future[None]) -> None:
+        nonlocal gone
+        if watcher.cancelled() or watcher.exception() is not None:
+            return  # the work finished first, or the channel cannot be watched (then the work
+            # still ends at its own timeout)
+        if not finished:  # not once the request has moved on to answering
+            gone = True
+            request_task.cancel()
+
     watcher = asyncio.ensure_future(_until_disconnected(receive))
+    watcher.add_done_callback(on_watcher_done)
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-        if not task.done() and watcher.exception() is not None:
-            return await task  # the channel cannot be watched; the work still ends at its timeout
+        return await work
+    except asyncio.CancelledError:
+        # Ours only if no one else cancelled the request too (the server stopping it).
+        if gone and request_task.uncancel() == 0:
+            raise ClientGone() from None
+        raise
     finally:
-        # Also when this request itself is cancelled: neither may outlive it.
-        if not watcher.cancel() and not watcher.cancelled():
-            watcher.exception()  # retrieved, so asyncio does not log it as lost
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task  # the cancelled work releases what it holds before we answer
-    if task.cancelled():
-        raise ClientGone()
-    return task.result()
+        finished = True
+        watcher.cancel()

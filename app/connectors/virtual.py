@@ -204,7 +204,10 @@ class DecisionHub:
                 if remaining <= 0:
                     return None
                 try:
-                    await asyncio.wait_for(event.wait(), remaining)
+                    # Not wait_for: on Python 3.11 it runs the wait in a task of its own, one more
+                    # step for each of the waiters a decision wakes.
+                    async with asyncio.timeout(remaining):
+                        await event.wait()
                 except TimeoutError:
                     return None
                 if self._draining:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge
@@ -122,6 +123,42 @@ class PlannerMetrics:
         )
         self.waiters = Gauge(
             "dynamo_planner_decision_waiters", "Requests held in GET /decisions/wait", registry=r
+        )
+        # The worker lease (app/workers/loop.py): which process ticks each deployment, and the
+        # hand-overs. Set at every lease check; while checks fail (the database is unreachable:
+        # dynamo_planner_tick_failures rises) they keep the last check's values.
+        self.leader = Gauge(
+            "dynamo_planner_leader",
+            "1 while this process holds the deployment's worker lease (it ticks the deployment), else 0",
+            ["deployment"],
+            registry=r,
+        )
+        self.lease_acquisitions = Counter(
+            "dynamo_planner_lease_acquisitions",
+            "Times this process took the deployment's worker lease (at start-up, or from a holder "
+            "that stopped renewing it)",
+            ["deployment"],
+            registry=r,
+        )
+        self.lease_renewals = Counter(
+            "dynamo_planner_lease_renewals",
+            "Lease checks at which this process kept the deployment's worker lease",
+            ["deployment"],
+            registry=r,
+        )
+        self.lease_losses = Counter(
+            "dynamo_planner_lease_losses",
+            "Times this process found its worker lease taken by another process (its renewals came "
+            "later than the lease's TTL)",
+            ["deployment"],
+            registry=r,
+        )
+        self.lease_expiry = Gauge(
+            "dynamo_planner_lease_expiry_timestamp_seconds",
+            "When the deployment's worker lease runs out, whoever holds it, as of this process's last "
+            "lease check (Unix time of the holder's clock; absent while nobody holds it)",
+            ["deployment"],
+            registry=r,
         )
         # Only on PostgreSQL, where a listener exists: a constant 0 on SQLite would read as an outage.
         self.notify_connected: Gauge | None = None
@@ -398,6 +435,31 @@ class PlannerMetrics:
         for role, section in (SlaDiagnostics.model_validate(sla).roles or {}).items():
             if (wish := finite_number(section.wish)) is not None:
                 self.sla_wish.labels(deployment, role).set(wish)
+
+    def observe_lease(
+        self, deployment: str, *, was_leader: bool, is_leader: bool, expires_at: datetime | None
+    ) -> None:
+        """After a lease check of `deployment`: who holds it now, and what changed."""
+        self.leader.labels(deployment).set(1 if is_leader else 0)
+        if is_leader and not was_leader:
+            self.lease_acquisitions.labels(deployment).inc()
+        elif is_leader:
+            self.lease_renewals.labels(deployment).inc()
+        elif was_leader:
+            self.lease_losses.labels(deployment).inc()
+        if expires_at is None:
+            try:
+                self.lease_expiry.remove(deployment)
+            except KeyError:
+                pass  # never set
+        else:
+            self.lease_expiry.labels(deployment).set(expires_at.timestamp())
+
+    def init_lease(self, deployment: str) -> None:
+        """The lease series of `deployment` exist (at 0) before its first lease check."""
+        self.leader.labels(deployment).set(0)
+        for counter in (self.lease_acquisitions, self.lease_renewals, self.lease_losses):
+            counter.labels(deployment)
 
     def observe_decision(self, deployment: str, replicas: dict[str, int], status: str) -> None:
         for role, count in replicas.items():

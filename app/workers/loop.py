@@ -149,6 +149,7 @@ class DeploymentWorker:
         self.lease_checked_at: datetime | None = None
         # Until when the holder's lease runs, as of the last check (ours when leading).
         self.lease_expires_at: datetime | None = None
+        metrics.init_lease(config.name)
         self.last_tick_at: datetime | None = None
         self.last_error: str | None = None
         self.consecutive_failures = 0
@@ -460,6 +461,9 @@ class DeploymentWorker:
             if self.is_leader and not was_leader:
                 self._resume(state_store.load_state(session, deployment=name))
         self.lease_checked_at = now
+        self._metrics.observe_lease(
+            name, was_leader=was_leader, is_leader=self.is_leader, expires_at=self.lease_expires_at
+        )
         return self.is_leader
 
     def _next_lease_check(self, now: datetime) -> datetime:
@@ -585,6 +589,7 @@ class DeploymentWorker:
         try:
             with self._sf() as session, session.begin():
                 tick_store.release_lease(session, deployment=self.config.name, holder=self._holder)
+            self._metrics.leader.labels(self.config.name).set(0)  # released, not lost
         except Exception:  # shutting down; the lease expires on its own
             log.warning(
                 "[%s] could not release the worker lease",

@@ -4,12 +4,15 @@ conflicting repeated acknowledgement. The real-HTTP side is tests/integration/te
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
 from app.api.convert import decision_out
+from app.api.disconnect import ClientGone, unless_client_leaves
 from app.api.schemas import DecisionPage
+from app.core.errors import TooBusyError
 from app.store import decisions as store
 from tests.api.helpers import assert_problem, complete, pin, two_deployments
 
@@ -116,3 +119,83 @@ async def test_a_repeat_with_other_observed_replicas_is_a_409_naming_the_field(m
     body = assert_problem(await complete(api, 1, observed={"prefill": 3}), 409, "body.observed")
     assert body["errors"][0]["field"] == "body.observed"
     assert_problem(await complete(api, 1), 409, "body.observed")  # nothing observed, after 3 and 5
+
+
+# --- unless_client_leaves: the long-poll's watch on the receive channel ----------------------------
+
+
+class Channel:
+    """An ASGI receive channel: the empty body, then nothing until `leave()`."""
+
+    def __init__(self, *, broken: bool = False) -> None:
+        self.sent_body = False
+        self.left = asyncio.Event()
+        self.broken = broken
+
+    async def receive(self) -> dict:
+        if not self.sent_body:
+            self.sent_body = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        if self.broken:
+            raise RuntimeError("receive failed")
+        await self.left.wait()
+        return {"type": "http.disconnect"}
+
+    def leave(self) -> None:
+        self.left.set()
+
+
+async def test_the_work_finishing_first_gives_its_result():
+    channel, done = Channel(), asyncio.Event()
+
+    async def work() -> str:
+        await done.wait()
+        return "decision"
+
+    waiting = asyncio.create_task(unless_client_leaves(channel.receive, work()))
+    await asyncio.sleep(0)
+    done.set()
+    assert await waiting == "decision"
+
+
+async def test_a_client_that_leaves_cancels_the_work_at_once():
+    channel, released = Channel(), []
+
+    async def work() -> str:
+        try:
+            await asyncio.sleep(3600)
+            return "never"
+        finally:
+            released.append(True)
+
+    waiting = asyncio.create_task(unless_client_leaves(channel.receive, work()))
+    await asyncio.sleep(0.01)
+    channel.leave()
+    with pytest.raises(ClientGone):
+        await asyncio.wait_for(waiting, 5)
+    assert released == [True]
+
+
+async def test_an_error_of_the_work_propagates():
+    async def work() -> str:
+        raise TooBusyError("full", retry_after_s=5)
+
+    with pytest.raises(TooBusyError):
+        await unless_client_leaves(Channel().receive, work())
+
+
+async def test_a_cancellation_from_outside_stays_a_cancellation():
+    channel = Channel()
+    waiting = asyncio.create_task(unless_client_leaves(channel.receive, asyncio.sleep(3600)))
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+
+
+async def test_a_channel_that_cannot_be_watched_leaves_the_work_alone():
+    async def work() -> str:
+        await asyncio.sleep(0.05)
+        return "decision"
+
+    assert await unless_client_leaves(Channel(broken=True).receive, work()) == "decision"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Query, Request, Response
+from sqlalchemy import Connection
 
 from app.api.auth import Orchestrator, Viewer
 from app.api.convert import ResponseCache, decision_out, encode_decision_page
@@ -23,6 +24,7 @@ from app.api.schemas import MAX_ID, CompleteIn, DecisionOut, DecisionPage
 from app.core.errors import InvalidInputError
 from app.core.types import DecisionStatus
 from app.store import decisions as store
+from app.store.db import run_read
 
 router = APIRouter(prefix="/decisions", tags=["decisions"])
 
@@ -51,10 +53,14 @@ def list_decisions(
         deployment_or_raise(deployments, deployment)
     # Dashboards poll this page (bench/api.py). While the decisions' version stays the same, the
     # page is the one already written: one primary-key read instead of the page's rows. Both reads
-    # run on one plain connection, opened and closed here: no ORM session, and one thread-pool
-    # hand-off for the request (SessionDep would close its session in a second one).
+    # run on one plain connection in autocommit (run_read: on PostgreSQL, the version read is one
+    # round trip), opened and closed here: no ORM session, and one thread-pool hand-off for the
+    # request (SessionDep would close its session in a second one).
     cache: ResponseCache = request.app.state.decision_pages
-    with engine.connect() as conn:
+
+    def read(conn: Connection) -> bytes:
+        # The version is read first: rows read after it are at least as new, so a page is never
+        # kept under a version newer than its rows.
         key = (deployment, after, status, cursor, limit, store.decisions_version(conn, deployment))
         page = cache.get(key)
         if page is None:
@@ -65,6 +71,9 @@ def list_decisions(
             rows = rows[:limit]
             page = encode_decision_page(rows, rows[-1]["pk"] if more else None)
             cache.put(key, page)
+        return page
+
+    page = run_read(engine, read)
     # As written: not validated again as a DecisionPage (encode_decision_page follows its schema).
     return Response(page, media_type="application/json")  # type: ignore[return-value]
 
