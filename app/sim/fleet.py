@@ -48,6 +48,7 @@ from app.config import (
 )
 from app.core.fleet import FleetDecision, FleetMember, FleetSettings, FleetState, fleet_step
 from app.core.fleet_variants import Variant, variant_key
+from app.core.sla.value import present_need
 from app.core.traces import TraceRequest
 from app.core.types import ActiveOverrides, Role
 from app.embedding import EmbeddedPlanner, TickInput, TrafficWindow
@@ -185,6 +186,7 @@ class _Member:
     gpu_type: str
     next_tick_s: float
     wish: dict[str, int]
+    present: dict[str, int] | None = None  # the wish's part for the load now (rule 3b)
     grant: dict[str, int] | None = None  # None: no cap (equal, before the first fleet step)
     desired: dict[str, int] | None = None  # the planner's latest decision (fcfs clips it)
     grant_changes: int = 0
@@ -381,6 +383,7 @@ def _fleet_grants(
     for m in members:
         entry = fleet.member(m.name)
         wish = {role: 0 for role in ROLES} if m.cluster.done else m.wish
+        present = None if m.cluster.done or m.variants else m.present
         view.append(
             FleetMember(
                 name=m.name,
@@ -391,6 +394,7 @@ def _fleet_grants(
                 gpus_per_engine=m.gpus_per_engine,  # type: ignore[arg-type]
                 wish=wish,  # type: ignore[arg-type]
                 variants=m.variants,
+                present=present,  # type: ignore[arg-type]
             )
         )
     settings = FleetSettings(budget_gpus=fleet.budget_gpus, margin=fleet.margin, hold_s=fleet.hold_s)
@@ -491,6 +495,12 @@ def _tick(m: _Member, now: float, *, with_caps: bool) -> None:
         bounds = m.deployment.bounds()
         m.wish = {r: bounds[r].clamp(int(proposal[r])) for r in ROLES}  # type: ignore[index]
         m.peak_wish_gpus = max(m.peak_wish_gpus, m.gpus(m.wish))
+        now_need = present_need(out.diagnostics.get("sla"), itl_target_ms=m.deployment.sla.itl_ms)
+        m.present = (
+            None
+            if now_need is None
+            else {r: min(m.wish[r], bounds[r].clamp(now_need.get(r, m.wish[r]))) for r in ROLES}  # type: ignore[index]
+        )
     if out.target is not None:
         m.desired = {r: int(out.target[r]) for r in ROLES}
         for role, count in out.target.items():
