@@ -4,7 +4,8 @@ Three deployments of examples/fleet.yaml, each with its own trace and SLA-scalin
 24 H200 GPUs; alone, their wishes peak at 21 + 11 + 6 = 38 GPUs. Policies (app/sim/fleet.py):
 
 - `fleet`: the fleet step (app/core/fleet.py): guarantees, priority, then marginal value, with
-  hysteresis; each planner runs within its grant;
+  hysteresis, others' engines taken only for the load now (not forecast headroom); each planner
+  runs within its grant;
 - `equal`: static equal shares: each planner within 24 / 3 = 8 GPUs, whatever the others do;
 - `fcfs`: independent planners that ignore each other, clipped at the budget first come first
   served (an engine once granted is kept until its own planner lets it go);

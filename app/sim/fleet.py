@@ -7,8 +7,9 @@ deployment gets its own simulated cluster and its own planner (SLA scaling, exac
 and then, by policy:
 
 - `fleet`: the fleet step (app/core/fleet.py) grants each deployment engines from the wishes its
-  planner made at the previous tick; each planner then ticks with its grant as per-role maximum
-  bounds, so that its decision is what its cluster runs;
+  planner made at the previous tick (and the part of each for the load now, read from that tick's
+  SLA diagnostics by app/core/sla/value.py); each planner then ticks with its grant as per-role
+  maximum bounds, so that its decision is what its cluster runs;
 - `equal`: a static partition: each deployment's planner within budget ÷ deployments GPUs of its
   type (the planner's own GPU-budget stage), whatever the others do;
 - `fcfs`: independent planners that ignore each other, clipped at the budget first come first
