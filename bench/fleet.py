@@ -17,8 +17,9 @@ gaps, priority 2; batch: diurnal, priority 1); `reversed` swaps chat's and batch
 (the smooth diurnal deployment first, the flash crowd last), so that priority order is not
 confounded with which trace is hardest to serve; `tight` is `example` with 12 GPUs instead of 24,
 below what the oracle needs at the crowd's peak (18), so that the budget binds even for it (run
-it with `--scenarios tight`). Traces at a quarter of their workload's rate,
-the first 25 minutes; start-up delay 120 s.
+it with `--scenarios tight`); `tight-reversed` is `reversed` with 12 GPUs (a held-out check of
+the fleet step's rules under a binding budget with the priorities swapped). Traces at a quarter
+of their workload's rate, the first 25 minutes; start-up delay 120 s.
 
     .venv/bin/python bench/fleet.py [--scenarios example,reversed] [--policies fleet,equal,fcfs,oracle]
 
@@ -59,7 +60,11 @@ def scenario(name: str):  # type: ignore[no-untyped-def]
     if name == "tight":
         fleet = config.fleet.model_copy(update={"budget_gpus": {"h200": TIGHT_GPUS}})
         return dataclasses.replace(config, fleet=fleet)
-    raise SystemExit(f"unknown scenario {name!r} (example, reversed, tight)")
+    if name == "tight-reversed":
+        reversed_ = scenario("reversed")
+        fleet = reversed_.fleet.model_copy(update={"budget_gpus": {"h200": TIGHT_GPUS}})
+        return dataclasses.replace(reversed_, fleet=fleet)
+    raise SystemExit(f"unknown scenario {name!r} (example, reversed, tight, tight-reversed)")
 
 
 def _ratio(gpu_hours: float, oracle_gpu_hours: float) -> str:

@@ -164,3 +164,12 @@ def test_present_need_is_the_wish_without_growth() -> None:
 def test_present_need_without_a_sizing_is_none() -> None:
     assert present_need(None, itl_target_ms=30) is None
     assert present_need({"reason": "model_not_ready"}, itl_target_ms=30) is None
+
+
+def test_present_need_keeps_the_sizing_quantile_of_the_count_in_flight() -> None:
+    # Sized for a mean of 3000 in flight and a quantile of 4000: z·sqrt(dispersion) =
+    # 1000 / sqrt(3000) = 18.26. Now: mean 600, quantile 600 + 18.26 x sqrt(600) = 1047 in
+    # flight, / 300 per engine = 3.49 -> 4 engines (scaling the quantile by 600 / 3000 would give
+    # 800 / 300 -> 3, too few: the spread of a smaller count shrinks more slowly than its mean).
+    record = _sla_record(decode={"needed": 14, "in_flight_at_target": 4000.0})
+    assert present_need(record, itl_target_ms=30)["decode"] == 4

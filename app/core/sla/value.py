@@ -12,10 +12,12 @@ engines for it, and chat met no more requests than without them.
 
 `present_need` reads the SLA step's own diagnostics (the tick's `sla` record), so that nothing in
 the SLA step changes: the load now is the level (`request_rate_s`, the busiest burst window) at
-the measured lengths, with the backlog queued now; each role's need is its wish scaled by that
-load over the load the wish was sized for. Scaling engines in proportion to load ignores the
-queueing curve (a prefill count's wait falls faster than linearly), a small error at the counts
-of a flash crowd (4-10 engines) and one on the side of taking fewer engines from others.
+the measured lengths, with the backlog queued now; prefill's need is its `needed` scaled by that
+load over the load it was sized for, decode's the requests in flight at that level (Little's law,
+at the same quantile of the count as the SLA step's) over one engine's batch. Scaling prefill
+engines in proportion to load ignores the queueing curve (a prefill count's wait falls faster
+than linearly), a small error at the counts of a flash crowd (4-10 engines) and one on the side
+of taking fewer engines from others.
 Pure: no clock, no I/O.
 """
 
@@ -59,11 +61,18 @@ def present_need(sla: Mapping[str, Any] | None, *, itl_target_ms: float) -> dict
         now_mean = decode_concurrency(
             request_rate_s=level_rps, osl_tokens=float(demand["osl_mean"]), itl_target_ms=itl_target_ms
         )
-        share = min(1.0, now_mean / sized_mean) if sized_mean > 0 else 0.0
+        now_mean = min(now_mean, sized_mean)
+        # The SLA step sizes for a quantile of the count in flight, mean + z·sqrt(mean × dispersion)
+        # (capacity.py `peak_concurrency`); its z·sqrt(dispersion) is read back from the sized
+        # mean and quantile, so that the load now gets the same quantile. (Scaling the quantile in
+        # proportion to the mean would shrink its spread too, and under-count small deployments.)
+        sized_peak = float(d["in_flight_at_target"])
+        spread = (sized_peak - sized_mean) / math.sqrt(sized_mean) if sized_mean > 0 else 0.0
+        now_peak = now_mean + max(spread, 0.0) * math.sqrt(now_mean) if now_mean > 0 else 0.0
         if batch > 0:
             # The requests held now (decoding or queued) are load now too, as in the SLA step.
             now_engines = max(
-                math.ceil(float(d["in_flight_at_target"]) * share / batch - _EPS),
+                math.ceil(min(now_peak, sized_peak) / batch - _EPS),
                 math.ceil(int(d.get("held_now") or 0) / batch - _EPS),
             )
         else:
