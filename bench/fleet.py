@@ -22,6 +22,7 @@ the fleet step's rules under a binding budget with the priorities swapped). Trac
 of their workload's rate, the first 25 minutes; start-up delay 120 s.
 
     .venv/bin/python bench/fleet.py [--scenarios example,reversed] [--policies fleet,equal,fcfs,oracle]
+        [--trace-seed N]
 
 Prints one markdown table per scenario: per deployment, SLO attainment, GPU-hours, GPU-hours over
 the fleet oracle's plan, and grant changes (how many fleet ticks changed its grant), and the
@@ -75,9 +76,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", default="example,reversed")
     parser.add_argument("--policies", default=",".join(FLEET_POLICIES))
+    # Another sample of the same workloads (each trace's thinning to a quarter of its rate).
+    parser.add_argument(
+        "--trace-seed", type=int, default=None, help="every trace's seed (default: the file's)"
+    )
     args = parser.parse_args()
     for name in args.scenarios.split(","):
         config = scenario(name)
+        if args.trace_seed is not None:
+            traces = {n: t.model_copy(update={"seed": args.trace_seed}) for n, t in config.traces.items()}
+            config = dataclasses.replace(config, traces=traces)
+            name = f"{name}, trace seed {args.trace_seed}"
         rows = []
         for policy in args.policies.split(","):
             print(f"{name}: {policy} ...", file=sys.stderr)
