@@ -4,7 +4,8 @@ Three deployments of examples/fleet.yaml, each with its own trace and SLA-scalin
 24 H200 GPUs; alone, their wishes peak at 21 + 11 + 6 = 38 GPUs. Policies (app/sim/fleet.py):
 
 - `fleet`: the fleet step (app/core/fleet.py): guarantees, priority, then marginal value, with
-  hysteresis; each planner runs within its grant;
+  hysteresis, others' engines taken only for the load now (not forecast headroom); each planner
+  runs within its grant;
 - `equal`: static equal shares: each planner within 24 / 3 = 8 GPUs, whatever the others do;
 - `fcfs`: independent planners that ignore each other, clipped at the budget first come first
   served (an engine once granted is kept until its own planner lets it go);
@@ -16,10 +17,12 @@ gaps, priority 2; batch: diurnal, priority 1); `reversed` swaps chat's and batch
 (the smooth diurnal deployment first, the flash crowd last), so that priority order is not
 confounded with which trace is hardest to serve; `tight` is `example` with 12 GPUs instead of 24,
 below what the oracle needs at the crowd's peak (18), so that the budget binds even for it (run
-it with `--scenarios tight`). Traces at a quarter of their workload's rate,
-the first 25 minutes; start-up delay 120 s.
+it with `--scenarios tight`); `tight-reversed` is `reversed` with 12 GPUs (a held-out check of
+the fleet step's rules under a binding budget with the priorities swapped). Traces at a quarter
+of their workload's rate, the first 25 minutes; start-up delay 120 s.
 
     .venv/bin/python bench/fleet.py [--scenarios example,reversed] [--policies fleet,equal,fcfs,oracle]
+        [--trace-seed N]
 
 Prints one markdown table per scenario: per deployment, SLO attainment, GPU-hours, GPU-hours over
 the fleet oracle's plan, and grant changes (how many fleet ticks changed its grant), and the
@@ -58,7 +61,11 @@ def scenario(name: str):  # type: ignore[no-untyped-def]
     if name == "tight":
         fleet = config.fleet.model_copy(update={"budget_gpus": {"h200": TIGHT_GPUS}})
         return dataclasses.replace(config, fleet=fleet)
-    raise SystemExit(f"unknown scenario {name!r} (example, reversed, tight)")
+    if name == "tight-reversed":
+        reversed_ = scenario("reversed")
+        fleet = reversed_.fleet.model_copy(update={"budget_gpus": {"h200": TIGHT_GPUS}})
+        return dataclasses.replace(reversed_, fleet=fleet)
+    raise SystemExit(f"unknown scenario {name!r} (example, reversed, tight, tight-reversed)")
 
 
 def _ratio(gpu_hours: float, oracle_gpu_hours: float) -> str:
@@ -69,9 +76,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", default="example,reversed")
     parser.add_argument("--policies", default=",".join(FLEET_POLICIES))
+    # Another sample of the same workloads (each trace's thinning to a quarter of its rate).
+    parser.add_argument(
+        "--trace-seed", type=int, default=None, help="every trace's seed (default: the file's)"
+    )
     args = parser.parse_args()
     for name in args.scenarios.split(","):
         config = scenario(name)
+        if args.trace_seed is not None:
+            traces = {n: t.model_copy(update={"seed": args.trace_seed}) for n, t in config.traces.items()}
+            config = dataclasses.replace(config, traces=traces)
+            name = f"{name}, trace seed {args.trace_seed}"
         rows = []
         for policy in args.policies.split(","):
             print(f"{name}: {policy} ...", file=sys.stderr)

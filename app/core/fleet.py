@@ -14,6 +14,15 @@ Rules, in the order they bind:
 3. **Priority first.** Spare GPUs go to the highest priority first; a higher-priority wish takes
    GPUs from a lower-priority deployment's unguaranteed engines at once (no margin, no hold:
    priority is a promise). A lower priority never takes from a higher one.
+3b. **Load now before headroom.** A wish may say which part of it serves the load measured now
+   (`FleetMember.present`, from app/core/sla/value.py); the rest is the SLA step's forecast
+   headroom, engines for a rise that may not come. Running engines are taken from others
+   (rules 3 and 4) only for the load now; headroom grows into free GPUs only, after every
+   deployment's load now is served. Taking an engine costs its holder at once and for sure;
+   the headroom engine it would pay for starts a start-up delay later and serves only if the
+   forecast comes true (measured in docs/fleet.md: chat's learned growth doubled its wish after
+   its flash crowd had levelled off; the engines taken for it cost code and batch a third of
+   their requests and gained chat nothing). Without `present`, all of the wish is load now.
 4. **Then marginal SLA value**, among equal priorities: the expected attainment gained per GPU.
    The SLA core does not give attainment at fewer engines yet, so the step uses a proxy: a
    deployment's attainment is the share of its wish met, averaged over its roles
@@ -81,6 +90,7 @@ __all__ = [
     "attainment_proxy",
     "expand_variants",
     "fleet_step",
+    "present_wish",
 ]
 
 # A grant nobody has changed yet counts as unchanged since forever: it may move at once.
@@ -117,18 +127,32 @@ def _share(member: FleetMember, engines: Mapping[Role, int], role: Role) -> floa
     return engines.get(role, 0) / want if want > 0 else math.inf
 
 
-def _next_role(member: FleetMember, engines: Mapping[Role, int], limit_gpus: float) -> Role | None:
+def _next_role(
+    member: FleetMember,
+    engines: Mapping[Role, int],
+    limit_gpus: float,
+    upto: Mapping[Role, int] | None = None,
+) -> Role | None:
     """The role one more engine should go to (the lowest share of its wish first, so that the
-    roles grow in balance), among those below their wish whose engine fits within `limit_gpus`."""
+    roles grow in balance), among those below their wish (or below `upto`, at most the wish)
+    whose engine fits within `limit_gpus`."""
     used = _gpus(member, engines)
     fits = [
         role
         for role, want in member.wish.items()
-        if engines.get(role, 0) < want and used + member.gpus_per_engine.get(role, 1) <= limit_gpus
+        if engines.get(role, 0) < (want if upto is None else min(want, upto.get(role, 0)))
+        and used + member.gpus_per_engine.get(role, 1) <= limit_gpus
     ]
     if not fits:
         return None
     return min(fits, key=lambda r: (_share(member, engines, r), list(member.wish).index(r)))
+
+
+def present_wish(member: FleetMember) -> dict[Role, int]:
+    """The part of the wish for the load measured now (rule 3b); all of it when not given."""
+    if member.present is None:
+        return dict(member.wish)
+    return {role: min(want, member.present.get(role, 0)) for role, want in member.wish.items()}
 
 
 def _fill(member: FleetMember, limit_gpus: float) -> dict[Role, int]:
@@ -206,6 +230,8 @@ class _GroupStep:
         self.now_s = now_s
         self.moves: list[Move] = []
         self.held: set[str] = set()  # deployments whose growth hysteresis refused
+        self.headroom: set[str] = set()  # deployments refused a move for forecast headroom (3b)
+        self.present = {m.name: present_wish(m) for m in self.group}
         self.limit = {m.name: float(m.max_gpus if m.max_gpus is not None else budget) for m in self.group}
         # Rule 1: the guarantee, up to the wish; no step below takes these engines.
         self.floor = {m.name: _fill(m, min(m.guaranteed_gpus, self.limit[m.name])) for m in self.group}
@@ -248,9 +274,15 @@ class _GroupStep:
 
     # -- growth: free GPUs, then moves --
 
-    def _candidate(self, m: FleetMember) -> tuple[Role, float] | None:
+    def _candidate(self, m: FleetMember) -> tuple[Role, float, bool] | None:
+        """The next engine the deployment wants, its value per GPU, and whether it is for the load
+        now (rule 3b): roles below their present need grow first."""
+        present = self.present[m.name]
+        role = _next_role(m, self.alloc[m.name], self.limit[m.name], upto=present)
+        if role is not None:
+            return role, _per_gpu(m, role), True
         role = _next_role(m, self.alloc[m.name], self.limit[m.name])
-        return None if role is None else (role, _per_gpu(m, role))
+        return None if role is None else (role, _per_gpu(m, role), False)
 
     def _donor_engines(self) -> list[tuple[tuple[int, float, int], FleetMember, Role, float]]:
         """Every deployment's next unguaranteed engine, lowest rank first (priority, then the
@@ -301,15 +333,21 @@ class _GroupStep:
                     continue
                 found = self._candidate(m)
                 if found is not None:
-                    role, gain = found
-                    candidates.append(((m.priority, gain, -self.order[m.name]), m, role, gain))
+                    role, gain, now_load = found
+                    # Rule 3b: every deployment's load now is served before anyone's headroom.
+                    rank = (now_load, m.priority, gain, -self.order[m.name])
+                    candidates.append((rank, m, role, gain, now_load))
             if not candidates:
                 return
-            _, m, role, gain = max(candidates, key=lambda c: c[0])
+            _, m, role, gain, now_load = max(candidates, key=lambda c: c[0])
             need = m.gpus_per_engine.get(role, 1)
-            if need > self.free and not self._take(m, role, gain, need - self.free):
-                blocked.add(m.name)
-                continue
+            if need > self.free:
+                # Headroom grows into free GPUs only: no running engine is taken for it.
+                if not now_load:
+                    self.headroom.add(m.name)
+                if not now_load or not self._take(m, role, gain, need - self.free):
+                    blocked.add(m.name)
+                    continue
             self.alloc[m.name][role] += 1
             self.free -= need
 
@@ -370,6 +408,13 @@ class _GroupStep:
                 # No max share below the budget: the wish is larger than the whole GPU type.
                 reason = GrantReason.CUT_BUDGET
                 detail = f"{got} of {want}: more than the whole {m.gpu_type} budget of {self.budget} GPUs"
+                cut_budget = True
+            elif m.name in self.headroom and got >= self.present[m.name][role]:
+                reason = GrantReason.CUT_BUDGET
+                detail = (
+                    f"{got} of {want}: the load now needs {self.present[m.name][role]}; the rest is "
+                    "forecast headroom, grown into free GPUs only"
+                )
                 cut_budget = True
             elif m.name in self.held:
                 reason = GrantReason.HELD

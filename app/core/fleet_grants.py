@@ -6,6 +6,8 @@ what the service does:
 
 - `wish_of`: the wish the fleet step reads is the planner's *proposal* (the first stage of its
   last tick, before bounds, overrides and the grant), within the deployment's own bounds;
+- `present_of`: the part of that wish the load measured now needs (app/core/sla/value.py), which
+  alone may take a lower priority's running engines;
 - `with_grant`: the grant binds as per-role maximum bounds in the tick's `ActiveOverrides`,
   as an operator's bounds override would, so the decision itself respects it;
 - `grant_record`: what the tick record and the decision say about the grant: the grant per
@@ -20,9 +22,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from app.core.sla.value import present_need
 from app.core.types import ActiveOverrides, Replicas, Role, RoleBounds
 
-__all__ = ["asked_of", "grant_engines", "grant_record", "with_grant", "wish_of"]
+__all__ = ["asked_of", "grant_engines", "grant_record", "present_of", "with_grant", "wish_of"]
 
 
 def asked_of(stages: list[Mapping[str, Any]]) -> Replicas | None:
@@ -38,6 +41,22 @@ def wish_of(proposal: Mapping[str, int] | None, bounds: Mapping[Role, RoleBounds
     if proposal is None:
         return None
     return {role: b.clamp(int(proposal.get(role, b.min_replicas))) for role, b in bounds.items()}
+
+
+def present_of(
+    sla: Mapping[str, Any] | None,
+    wish: Mapping[Role, int],
+    bounds: Mapping[Role, RoleBounds],
+    *,
+    itl_target_ms: float,
+) -> dict[Role, int] | None:
+    """The engines per role the load measured now needs (no forecast headroom), from the tick's
+    `sla` record, within the bounds and never above the wish. None: the record has no sizing."""
+    need = present_need(sla, itl_target_ms=itl_target_ms)
+    if need is None:
+        return None
+    kept = {role: b for role, b in bounds.items() if role in wish}
+    return {role: min(wish[role], b.clamp(need.get(role, wish[role]))) for role, b in kept.items()}
 
 
 def grant_engines(grant: Mapping[str, Any] | None) -> dict[Role, int] | None:

@@ -59,6 +59,11 @@ class FleetMember:
     # the primary, and the fleet step splits it over the variants. Empty: one kind of engine,
     # `gpu_type` and `gpus_per_engine` above.
     variants: tuple[Variant, ...] = ()
+    # Engines per role for the load measured now (app/core/sla/value.py `present_need`): the
+    # part of `wish` another deployment's running engines may be taken for (rule 3b); the rest
+    # is forecast headroom, grown into free GPUs only. None: all of the wish. Not split over
+    # hardware variants (a member with variants is taken as all present).
+    present: Mapping[Role, int] | None = None
     # Set by the fleet step on the per-variant members it makes of a member with variants.
     variant: str | None = None
     deployment: str | None = None

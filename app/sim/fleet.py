@@ -7,8 +7,9 @@ deployment gets its own simulated cluster and its own planner (SLA scaling, exac
 and then, by policy:
 
 - `fleet`: the fleet step (app/core/fleet.py) grants each deployment engines from the wishes its
-  planner made at the previous tick; each planner then ticks with its grant as per-role maximum
-  bounds, so that its decision is what its cluster runs;
+  planner made at the previous tick (and the part of each for the load now, read from that tick's
+  SLA diagnostics by app/core/sla/value.py); each planner then ticks with its grant as per-role
+  maximum bounds, so that its decision is what its cluster runs;
 - `equal`: a static partition: each deployment's planner within budget ÷ deployments GPUs of its
   type (the planner's own GPU-budget stage), whatever the others do;
 - `fcfs`: independent planners that ignore each other, clipped at the budget first come first
@@ -47,7 +48,7 @@ from app.config import (
     validate_deployments,
 )
 from app.core.fleet import FleetDecision, FleetMember, FleetSettings, FleetState, fleet_step
-from app.core.fleet_grants import asked_of, grant_record, wish_of, with_grant
+from app.core.fleet_grants import asked_of, grant_record, present_of, wish_of, with_grant
 from app.core.fleet_variants import Variant, variant_key
 from app.core.traces import TraceRequest
 from app.core.types import ActiveOverrides
@@ -186,6 +187,7 @@ class _Member:
     gpu_type: str
     next_tick_s: float
     wish: dict[str, int]
+    present: dict[str, int] | None = None  # the wish's part for the load now (rule 3b)
     grant: dict[str, int] | None = None  # None: no cap (equal, before the first fleet step)
     fleet_grant: dict[str, Any] | None = None  # the fleet step's grant (`DeploymentGrant.as_dict()`)
     desired: dict[str, int] | None = None  # the planner's latest decision (fcfs clips it)
@@ -384,6 +386,7 @@ def _fleet_grants(
     for m in members:
         entry = fleet.member(m.name)
         wish = {role: 0 for role in ROLES} if m.cluster.done else m.wish
+        present = None if m.cluster.done or m.variants else m.present
         view.append(
             FleetMember(
                 name=m.name,
@@ -394,6 +397,7 @@ def _fleet_grants(
                 gpus_per_engine=m.gpus_per_engine,  # type: ignore[arg-type]
                 wish=wish,  # type: ignore[arg-type]
                 variants=m.variants,
+                present=present,  # type: ignore[arg-type]
             )
         )
     settings = FleetSettings(budget_gpus=fleet.budget_gpus, margin=fleet.margin, hold_s=fleet.hold_s)
@@ -489,6 +493,9 @@ def _tick(m: _Member, now: float, *, with_caps: bool) -> None:
         # The wish: what SLA scaling asks for before any cap, within the deployment's own bounds.
         m.wish = dict(wish)
         m.peak_wish_gpus = max(m.peak_wish_gpus, m.gpus(m.wish))
+        m.present = present_of(
+            out.diagnostics.get("sla"), m.wish, m.deployment.bounds(), itl_target_ms=m.deployment.sla.itl_ms
+        )
     fleet = grant_record(m.fleet_grant if with_caps else None, asked=asked_of(stages), target=out.target)
     reasons = [*out.reasons, f"fleet: {fleet['note']}"] if fleet and fleet["note"] else out.reasons
     if out.target is not None:

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import DeploymentsFile, FleetConfig
 from app.core.fleet import FleetDecision, FleetMember, FleetSettings, FleetState, fleet_step
-from app.core.fleet_grants import wish_of
+from app.core.fleet_grants import present_of, wish_of
 from app.core.types import Role
 from app.reports.metrics import PlannerMetrics
 from app.store import decisions as decision_store
@@ -161,6 +161,12 @@ class FleetWorker:
         tick = tick_store.last_tick(session, name)
         stages = (tick.record or {}).get("stages") or [] if tick is not None else []
         wish = wish_of(stages[0].get("replicas"), bounds) if stages else None
+        # The load now, read from the same tick as the wish (None without one: the old rule).
+        present = (
+            present_of((tick.record or {}).get("sla"), wish, bounds, itl_target_ms=config.sla.itl_ms)
+            if wish is not None and tick is not None
+            else None
+        )
         if wish is None:
             wish = self.wishes.get(name)  # type: ignore[assignment]
         if wish is None:
@@ -177,6 +183,7 @@ class FleetWorker:
             max_gpus=entry.max_gpus,
             gpus_per_engine={role: int(gpus.get(role, 1)) for role in config.roles},
             wish={role: int(wish[role]) for role in config.roles},  # type: ignore[index]
+            present=present,
         )
 
     def _resume(self, row: Any) -> None:
