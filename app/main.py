@@ -22,7 +22,7 @@ from app.api.routes import dashboard, decisions, diagnostics, docs, health, over
 from app.api.routes import deployments as deployment_routes
 from app.api.routes import fleet as fleet_routes
 from app.api.shutdown import chain_shutdown_signals
-from app.config import DeploymentsFile, Settings, load_deployments
+from app.config import ConfigError, DeploymentsFile, Settings, load_deployments
 from app.connectors.virtual import DecisionHub, PgDecisionListener
 from app.planner_setup import build_planner
 from app.reports.metrics import PlannerMetrics
@@ -42,6 +42,18 @@ def _operation_id(route: APIRoute) -> str:
     return route.name
 
 
+def _refuse_variants(deployments: DeploymentsFile) -> None:
+    """Hardware variants are replayed but the service does not run them yet: refusing the file
+    beats granting every engine as the first variant while the operator believes otherwise."""
+    fleet = deployments.fleet
+    for name, entry in (fleet.deployments.items() if fleet is not None else ()):
+        if len(entry.variants) > 1:
+            raise ConfigError(
+                f"fleet.deployments.{name}.variants: hardware variants are replayed (planner replay)"
+                " but not run by planner serve yet; list only the deployment's own hardware"
+            )
+
+
 def create_app(
     settings: Settings,
     *,
@@ -51,6 +63,7 @@ def create_app(
 ) -> FastAPI:
     if deployments is None:
         deployments = load_deployments(settings.config)
+    _refuse_variants(deployments)
     # Relative paths in the deployments file (profiles, traces) are relative to the file.
     base_dir = Path(settings.config).resolve().parent if Path(settings.config).is_file() else Path.cwd()
     metrics = PlannerMetrics()

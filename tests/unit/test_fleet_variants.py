@@ -385,3 +385,18 @@ def test_planner_replay_runs_a_fleet_with_variants(tmp_path, capsys):
     args = ["replay", "--config", str(tmp_path / "fleet.yaml"), "--out", str(out), "--fleet-policy", "equal"]
     assert planner_main(args) != 0
     assert "hardware variants are replayed with the fleet policy only" in capsys.readouterr().err
+
+
+def test_planner_serve_refuses_variants_it_does_not_run(tmp_path):
+    """The service grants a deployment's own hardware only; a file with a second variant is
+    refused at start-up, naming the field, rather than silently run on the first variant."""
+    from app.config import Settings
+    from app.main import create_app
+
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'p.db'}")
+    with pytest.raises(ConfigError, match=r"fleet\.deployments\.chat\.variants: .* not run by planner serve"):
+        create_app(settings, deployments=validate_deployments(fleet_file([OWN_CFG, SLOW_CFG]), "fleet.yaml"))
+    # Its own hardware alone is what the service runs anyway.
+    create_app(
+        settings, deployments=validate_deployments(fleet_file([OWN_CFG]), "fleet.yaml"), run_workers=False
+    )
