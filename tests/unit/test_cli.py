@@ -22,6 +22,7 @@ EXPECTED_TABLES = {
     "decision_acks",
     "decisions",
     "deployment_state",
+    "fleet_state",
     "overrides",
     "planner_state",
     "ticks",
@@ -214,7 +215,7 @@ def test_db_upgrade_creates_the_schema(tmp_path: Path) -> None:
         assert set(inspect(engine).get_table_names()) == EXPECTED_TABLES
         with engine.connect() as conn:
             assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalars().all() == [
-                "0002_planner_state"
+                "0003_fleet_state"
             ]
     finally:
         engine.dispose()

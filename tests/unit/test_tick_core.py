@@ -513,6 +513,7 @@ def test_on_tick_diagnostics_record() -> None:
         "fpm": None,
         "traffic": None,
         "expired_decision_id": None,
+        "fleet": None,
         "verdict": None,
         "decision_id": None,
     }
