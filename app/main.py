@@ -29,6 +29,7 @@ from app.reports.metrics import PlannerMetrics
 from app.store.db import is_postgres, make_engine, make_session_factory
 from app.store.decisions import ensure_deployments
 from app.store.fleet import ensure_fleet
+from app.store.write_versions import WriteVersions
 from app.workers.clock import Clock, ScaledClock, SharedClock, SystemClock
 from app.workers.fleet import FleetWorker
 from app.workers.loop import DeploymentWorker, process_identity
@@ -92,7 +93,11 @@ def create_app(
         unchain_signals = chain_shutdown_signals(asyncio.get_running_loop(), hub.drain)
         listener = None
         if is_postgres(engine):
-            listener = PgDecisionListener(settings.database_url, hub, session_factory, names, metrics)
+            versions: WriteVersions = app.state.decision_versions
+            versions.follow_commits(session_factory)
+            listener = PgDecisionListener(
+                settings.database_url, hub, session_factory, names, metrics, versions=versions
+            )
             listener.start()
         holder = process_identity()
         http = httpx.AsyncClient(timeout=httpx.Timeout(10.0))
@@ -179,6 +184,8 @@ def create_app(
     app.state.clock = clock or SystemClock()
     app.state.metrics = metrics
     app.state.decision_pages = ResponseCache()
+    # Live only on PostgreSQL, while its LISTEN connection is up (app/store/write_versions.py).
+    app.state.decision_versions = WriteVersions()
     app.state.profile_roots = [Path(p).resolve() for p in settings.profile_roots.split(",") if p.strip()] + [
         (base_dir / d.profile).resolve() for d in deployments.deployments if d.profile
     ]

@@ -29,12 +29,15 @@ from app.core.errors import ShuttingDownError, TooBusyError
 from app.reports.metrics import PlannerMetrics
 from app.store.decisions import (
     NOTIFY_CHANNEL,
+    WRITES_CHANNEL,
+    decisions_version,
     get_decision_or_raise,
     latest_decision,
     latest_decision_after,
     replicas_of,
 )
 from app.store.models import Decision
+from app.store.write_versions import WriteVersions
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +237,9 @@ class DecisionHub:
 
 
 class PgDecisionListener:
-    """A thread holding one LISTEN connection; reconnects with backoff and reports its state."""
+    """A thread holding one LISTEN connection; reconnects with backoff and reports its state.
+    It wakes the hub's waiters on new decisions, and keeps `versions` (the decision page cache's
+    view of every write) live while connected."""
 
     def __init__(
         self,
@@ -243,7 +248,9 @@ class PgDecisionListener:
         session_factory: sessionmaker[Session],
         deployments: list[str],
         metrics: PlannerMetrics,
+        versions: WriteVersions | None = None,
     ) -> None:
+        self._versions = versions
         self._conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         self._hub = hub
         self._sf = session_factory
@@ -267,6 +274,11 @@ class PgDecisionListener:
             try:
                 with psycopg.connect(self._conninfo, autocommit=True) as conn:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    conn.execute(f"LISTEN {WRITES_CHANNEL}")
+                    if self._versions is not None:
+                        # Seeded after LISTEN: a write either is in this read or is notified.
+                        with self._sf() as session:
+                            self._versions.seed(decisions_version(session, None))
                     self.connected.set()
                     self._up_gauge.set(1)
                     self.last_error = None
@@ -274,15 +286,30 @@ class PgDecisionListener:
                     self._hub.refresh(self._deployments)
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=_STOP_POLL_S):
-                            self._deliver(note.payload)
+                            if note.channel == WRITES_CHANNEL:
+                                self._saw_write(note.payload)
+                            else:
+                                self._deliver(note.payload)
             except Exception as exc:  # reconnect on anything; the state is visible in /readyz
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("decision listener lost its connection (%s); retrying in %.1f s", exc, backoff_s)
             finally:
+                if self._versions is not None:
+                    self._versions.down()
                 self.connected.clear()
                 self._up_gauge.set(0)
             self._stop.wait(backoff_s)
             backoff_s = min(backoff_s * 2, 10.0)
+
+    def _saw_write(self, payload: str) -> None:
+        try:
+            note = json.loads(payload)
+            deployment, seq = str(note["deployment"]), int(note["seq"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignoring malformed notification %r", payload)
+            return
+        if self._versions is not None:
+            self._versions.saw(deployment, seq)
 
     def _deliver(self, payload: str) -> None:
         try:

@@ -21,8 +21,10 @@ from app.core.errors import ConflictError, ConflictingFieldError, NotFoundError
 from app.core.protocol import ProtocolOutcome, Verdict, ack_overdue, judge
 from app.core.types import DecisionSource, DecisionStatus, DecisionView, Replicas, Role
 from app.store.models import Decision, DecisionAck, DeploymentState
+from app.store.write_versions import note_write
 
 NOTIFY_CHANNEL = "planner_decisions"
+WRITES_CHANNEL = "planner_decision_writes"  # every bump of a write_seq, with the new seq
 
 _ROLE_COLUMNS: dict[Role, str] = {"prefill": "num_prefill", "decode": "num_decode", "workers": "num_workers"}
 
@@ -58,13 +60,19 @@ def ensure_deployments(session: Session, names: list[str]) -> None:
 
 
 def lock_deployment(session: Session, deployment: str) -> None:
-    result = session.execute(
+    seq = session.execute(
         update(DeploymentState)
         .where(DeploymentState.name == deployment)
         .values(write_seq=DeploymentState.write_seq + 1)
-    )
-    if result.rowcount != 1:  # type: ignore[attr-defined]
+        .returning(DeploymentState.write_seq)
+    ).scalar_one_or_none()
+    if seq is None:
         raise NotFoundError(f"deployment {deployment!r} has no state row", field="deployment")
+    # Every process's page cache learns the new version without reading it (write_versions.py).
+    note_write(session, deployment, seq)
+    if session.get_bind().dialect.name == "postgresql":
+        payload = json.dumps({"deployment": deployment, "seq": seq})
+        session.execute(text("SELECT pg_notify(:c, :p)"), {"c": WRITES_CHANNEL, "p": payload})
 
 
 def latest_decision(session: Session, deployment: str) -> Decision | None:

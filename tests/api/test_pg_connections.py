@@ -5,18 +5,23 @@ replaced without failing the request (PostgreSQL only)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
 
-from app.store import db
+from app.core.types import DecisionSource
+from app.store import db, decisions
 from tests.api.helpers import OPER, TOKENS, VIEWER, bearer, pin
-from tests.conftest import ApiFactory
+from tests.conftest import Api, ApiFactory
 
 pytestmark = pytest.mark.anyio
 
@@ -79,18 +84,72 @@ def terminate_sessions(db_url: str) -> int:
     return int(killed)
 
 
-async def test_a_cached_page_is_one_round_trip(make_api: ApiFactory) -> None:
+async def page(api: Api) -> bytes:
+    r = await api.client.get("/decisions", params={"deployment": "demo"}, headers=bearer(VIEWER))
+    assert r.status_code == 200, r.text
+    return r.content
+
+
+async def test_a_cached_page_needs_no_round_trip_while_writes_are_notified(make_api: ApiFactory) -> None:
     api = await make_api(tokens=TOKENS)
     # The LISTEN thread reads the latest decisions once connected: not while this test counts.
     assert await asyncio.to_thread(api.app.state.listener.connected.wait, 10)
     assert (await pin(api, token=OPER)).status_code == 201
-    first = await api.client.get("/decisions", params={"deployment": "demo"}, headers=bearer(VIEWER))
-    assert first.status_code == 200, first.text
+    first = await page(api)
     with round_trips(api.app.state.engine) as sent:
-        again = await api.client.get("/decisions", params={"deployment": "demo"}, headers=bearer(VIEWER))
-    assert again.status_code == 200 and again.content == first.content
+        again = await page(api)
+    assert again == first
+    assert sent == [], sent  # the version is known from the notifications, the body is cached
+
+    # This process's own write is seen by its next page at once (taken on commit, not from the
+    # notification, which may not have arrived yet).
+    created = await pin(api, 2, 2, token=OPER)
+    assert created.status_code == 201, created.text
+    newest = json.loads(await page(api))["items"][-1]
+    assert newest["id"] == created.json()["decision"]["id"] and newest["num_prefill"] == 2
+
+
+async def test_without_the_listener_a_cached_page_is_one_round_trip(make_api: ApiFactory) -> None:
+    api = await make_api(tokens=TOKENS)
+    assert await asyncio.to_thread(api.app.state.listener.connected.wait, 10)
+    assert (await pin(api, token=OPER)).status_code == 201
+    first = await page(api)
+    api.app.state.decision_versions.down()  # as when the LISTEN connection is lost
+    with round_trips(api.app.state.engine) as sent:
+        again = await page(api)
+    assert again == first
     # The version read, nothing else: no pre-ping, no BEGIN, no ROLLBACK.
     assert sent == ["(extended query)"], sent
+
+
+async def test_a_write_by_another_process_reaches_the_cached_page(make_api: ApiFactory, db_url: str) -> None:
+    api = await make_api(tokens=TOKENS)
+    assert await asyncio.to_thread(api.app.state.listener.connected.wait, 10)
+    assert (await pin(api, token=OPER)).status_code == 201
+    before = await page(api)
+    assert await page(api) == before  # cached, served from the notified version
+
+    # Another planner process's write: its own engine and sessions, so only its NOTIFY tells.
+    other = create_engine(make_url(db_url))
+    try:
+        with Session(other) as session, session.begin():
+            result = decisions.propose_decision(
+                session,
+                deployment="demo",
+                target={"prefill": 7, "decode": 7},
+                source=DecisionSource.OVERRIDE,
+                reasons=["written by another process"],
+                now=datetime.now(UTC),
+                ack_timeout_s=60,
+            )
+            assert result.decision is not None
+            written = result.decision.decision_id
+    finally:
+        other.dispose()
+    deadline = time.monotonic() + 10
+    while (ids := [d["id"] for d in json.loads(await page(api))["items"]])[-1] != written:
+        assert time.monotonic() < deadline, f"the page never showed decision {written}: {ids}"
+        await asyncio.sleep(0.01)
 
 
 async def test_dead_pooled_connections_do_not_fail_the_page(make_api: ApiFactory, db_url: str) -> None:

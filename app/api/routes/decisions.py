@@ -56,12 +56,18 @@ def list_decisions(
     # run on one plain connection in autocommit (run_read: on PostgreSQL, the version read is one
     # round trip), opened and closed here: no ORM session, and one thread-pool hand-off for the
     # request (SessionDep would close its session in a second one).
+    # On PostgreSQL the version is usually known without asking (every write is notified,
+    # app/store/write_versions.py): a page already written is then served with no round trip.
     cache: ResponseCache = request.app.state.decision_pages
+    query = (deployment, after, status, cursor, limit)
+    known = request.app.state.decision_versions.version(deployment)
+    if known is not None and (page := cache.get((*query, known))) is not None:
+        return Response(page, media_type="application/json")  # type: ignore[return-value]
 
     def read(conn: Connection) -> bytes:
         # The version is read first: rows read after it are at least as new, so a page is never
         # kept under a version newer than its rows.
-        key = (deployment, after, status, cursor, limit, store.decisions_version(conn, deployment))
+        key = (*query, store.decisions_version(conn, deployment))
         page = cache.get(key)
         if page is None:
             rows = store.list_decision_rows(
