@@ -47,7 +47,7 @@ def _refuse_variants(deployments: DeploymentsFile) -> None:
     """Hardware variants are replayed but the service does not run them yet: refusing the file
     beats granting every engine as the first variant while the operator believes otherwise."""
     fleet = deployments.fleet
-    for name, entry in (fleet.deployments.items() if fleet is not None else ()):
+    for name, entry in fleet.deployments.items() if fleet is not None else ():
         if len(entry.variants) > 1:
             raise ConfigError(
                 f"fleet.deployments.{name}.variants: hardware variants are replayed (planner replay)"

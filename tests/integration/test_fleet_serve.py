@@ -262,8 +262,8 @@ def test_serve_runs_the_fleet_step_and_shows_who_is_cut(database: str, tmp_path:
             deadline = time.monotonic() + 60
             while not held_by_chat(notes := budget_notes()) and time.monotonic() < deadline:
                 time.sleep(0.5)
-            assert held_by_chat(notes), (
-                f"no tick of batch was held down by the budget: {notes}\n" + logs(proc)
+            assert held_by_chat(notes), f"no tick of batch was held down by the budget: {notes}\n" + logs(
+                proc
             )
 
             # Every tick ran under a grant, decided within it; the grants of each fleet step
