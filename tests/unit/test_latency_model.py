@@ -198,6 +198,45 @@ def test_decode_limit_is_the_worlds_not_the_profiles_plateau(h200: PerfModel) ->
     assert 345 <= limit(learned, 40.0) <= 360
 
 
+def test_a_batch_beyond_the_records_is_never_cheaper_than_the_profile(h200: PerfModel) -> None:
+    # The profile's own world, seen only at the small batches of a light start (20-85 requests
+    # at a 1000-token context): a line through them is flatter than the profile's rise beyond,
+    # and read as the limit it would put 30 ms far past where the world has it.
+    settings = settings_for(h200, ("decode",), itl_target_ms=30.0)
+    isl, osl = 950.0, 100.0
+    run = Run(h200, settings, expected={"decode": 2})
+    records = [decode_record(f"d{n % 2}", n, CONTEXT, h200.decode_itl_ms(n, CONTEXT)) for n in range(20, 86)]
+    for _ in range(8):
+        result = run.tick(100.0, isl=isl, osl=osl, fpm_new={"decode": records})
+    learned = run.state.latency.decode  # type: ignore[union-attr]
+    assert result.diagnostics["latency"]["decode"]["range"] == [0.85, 0.85]
+
+    def limit(floor: object, target_ms: float = 30.0) -> int:
+        return decode_batch_limit(
+            learned,
+            isl_tokens=isl,
+            osl_tokens=osl,
+            itl_target_ms=target_ms,
+            max_kv_tokens=settings.max_kv_tokens,
+            profile_itl_ms=floor,  # type: ignore[arg-type]
+        )
+
+    world_limit = largest_meeting(lambda n: h200.decode_itl_ms(n, CONTEXT) <= 30.0, 945)
+    assert world_limit == 233
+    assert limit(None) >= 1.3 * world_limit  # the line alone: the free capacity the world lacks
+    # With the profile as the floor beyond the records, the limit is the world's; the planner's
+    # floor also reads the profile at contexts 25% either side (an engine's own context is not
+    # the mean; at 750-1250 tokens the profile reaches 30 ms from 210 requests on).
+    assert limit(h200.decode_itl_ms) == world_limit
+    assert result.diagnostics["roles"]["decode"]["batch_limit"] == 210
+    assert 210 == largest_meeting(
+        lambda n: max(h200.decode_itl_ms(n, CONTEXT * k) for k in (0.75, 1.0, 1.25)) <= 30.0, 945
+    )
+    # Within the records the learned cost alone decides (a limit inside them is the line's).
+    inside_ms = h200.decode_itl_ms(60, CONTEXT)
+    assert limit(h200.decode_itl_ms, inside_ms) == limit(None, inside_ms) < 85
+
+
 # --- prefill with and without chunk packing -------------------------------------------------------
 
 # A prefill world: a + b·T + c·T·(P + T/2)/n ms, for T tokens, P of prefix, n prompts.

@@ -32,6 +32,7 @@ from app.core.sla.capacity import (
     decode_batch_limit,
     decode_concurrency,
     prefill_engines,
+    profile_decode_floor,
 )
 from app.core.sla.demand import _busiest, _growth_quantiles, _quantile_line
 from app.core.sla.latency import DecodeCost, LatencyModels, PrefillCost, prefill_features, prior_models
@@ -187,7 +188,11 @@ def prefill_wish(
     return prefill_sizing(cost, settings, token_rate_s, mix, disp).engines
 
 
-def batch_limit(model: PerfModel, settings: SlaSettings, cost: DecodeCost | None = None) -> int:
+def batch_limit(
+    model: PerfModel, settings: SlaSettings, cost: DecodeCost | None = None, *, floor: bool = True
+) -> int:
+    """The planner's decode batch limit on `cost`; beyond its records the profile is the floor
+    (`profile_decode_floor`, at the scale 1 of these worlds) unless `floor` is False."""
     return decode_batch_limit(
         cost or prior_of(model, settings).decode,
         isl_tokens=ISL,
@@ -195,6 +200,7 @@ def batch_limit(model: PerfModel, settings: SlaSettings, cost: DecodeCost | None
         itl_target_ms=settings.itl_target_ms * settings.decode_itl_margin,
         max_kv_tokens=settings.max_kv_tokens,
         max_num_seqs=settings.max_num_seqs,
+        profile_itl_ms=profile_decode_floor(model) if floor else None,
     )
 
 
@@ -319,14 +325,16 @@ def test_b_decode_scale_down_waits_for_the_window_then_takes_its_highest_wish(h2
     # The records are the profile's ITL for their batch (the world is the profile): each tick's
     # are learned, so the batch limit is the state's model's, not the cold-start prior's. After
     # the first tick's records (three of 30 requests in 9.6 ms, where the prior reads its line 2σ
-    # high), the limit at 95% of the ITL target is above the prior's 119.
+    # high), the line alone would allow 129 at 95% of the ITL target (the prior's line 119); the
+    # profile, the floor beyond the 30 requests seen, allows 107.
     prior = prior_of(h200, settings)
     first = prior.observed("decode", decode_fpm(h200, drain_batches(3))["decode"].values(), TICK_S).decode
     high_wish = decode_wish(h200, settings, high / TICK_S, 1.0, cost=first)
-    assert batch_limit(h200, settings) == 119
-    assert batch_limit(h200, settings, first) == 129
-    # 100 req/s: 338 requests in flight at the 0.99 peak quantile, 3 engines of 129.
-    assert high_wish == 3
+    lines = (batch_limit(h200, settings, floor=False), batch_limit(h200, settings, first, floor=False))
+    assert lines == (119, 129)
+    assert batch_limit(h200, settings) == batch_limit(h200, settings, first) == 107
+    # 100 req/s: 338 requests in flight at the 0.99 peak quantile, 4 engines of 107.
+    assert high_wish == 4
     run = Run(h200, settings, expected={"decode": high_wish})
     wishes: list[tuple[float, int]] = []
     first_s = TICK_S
@@ -384,10 +392,11 @@ def test_b_decode_scale_down_waits_for_the_window_then_takes_its_highest_wish(h2
     assert first_down == max(t for t, w in wishes if w >= held) + window_s + TICK_S
     # Once the drop has left the lookback the dispersion is back to 1: the target is the low
     # traffic's own count, on the model learned by then (30 req/s: 111 requests in flight at the
-    # peak quantile, one engine's batch).
+    # peak quantile, beyond the 100 the engines were seen holding, where the profile's 107 is
+    # the limit: two engines).
     low_wish = decode_wish(h200, settings, low / TICK_S, 1.0, cost=run.state.latency.decode)  # type: ignore[union-attr]
     assert run.results[-1].diagnostics["demand"]["dispersion"] == 1.0
-    assert wishes[-1][1] == low_wish == 1
+    assert wishes[-1][1] == low_wish == 2
     assert run.expected == {"decode": low_wish}
 
 
@@ -417,17 +426,22 @@ def test_b_decode_scale_follows_slower_iterations_by_ewma(h200: PerfModel) -> No
     # 1.0, then 1.06, 1.102, 1.1314, ...: towards 1.2, never past it.
     assert scale == pytest.approx(1.2 - 0.2 * 0.7**6, rel=1e-12)
     # The scale is a diagnostic now: the batch limit is the learned model's (14 records of 60
-    # requests in 15.4 ms, and the prior), and iterations slower than the profile lower it below
-    # that of the same ticks at the profile's speed (12.9 ms).
+    # requests in 15.4 ms, and the prior), and iterations slower than the profile raise the
+    # learned line above that of the same ticks at the profile's speed (12.9 ms): alone, it would
+    # allow 127 requests against 145. Beyond the 60 requests seen the profile is the floor (the
+    # scale, above 1, does not raise it), and it is higher than both lines: both limits are 113.
     decode = result.diagnostics["roles"]["decode"]
     assert decode["batch_limit"] == batch_limit(h200, settings, run.state.latency.decode)  # type: ignore[union-attr]
     same = Run(h200, settings, expected={"decode": 2})
     for _ in range(7):
         same.tick(150.0, fpm=decode_fpm(h200, [60, 60], ratio=1.0))
-    assert (decode["batch_limit"], same.results[-1].diagnostics["roles"]["decode"]["batch_limit"]) == (
-        127,
-        145,
+    lines = (
+        batch_limit(h200, settings, run.state.latency.decode, floor=False),  # type: ignore[union-attr]
+        batch_limit(h200, settings, same.state.latency.decode, floor=False),  # type: ignore[union-attr]
     )
+    assert lines == (127, 145)
+    limits = (decode["batch_limit"], same.results[-1].diagnostics["roles"]["decode"]["batch_limit"])
+    assert limits == (113, 113)
 
 
 def test_b_scale_ratio_is_clamped_then_smoothed(h200: PerfModel) -> None:

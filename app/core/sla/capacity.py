@@ -32,6 +32,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from app.core.perf.interpolation import PerfModel
 from app.core.sla.latency import DecodeCost, PrefillCost
 
 # (upper bound in tokens, requests) of one ISL histogram bucket; the last bound may be inf.
@@ -199,6 +200,7 @@ def decode_batch_limit(
     max_kv_tokens: int,
     max_num_seqs: int | None = None,
     held_context_tokens: float | None = None,
+    profile_itl_ms: Callable[[float, float], float] | None = None,
 ) -> int:
     """The most requests one decode engine holds at the ITL target: the largest batch whose
     iteration at context `isl + osl/2` meets the target (the learned cost, cautious beyond the
@@ -208,7 +210,14 @@ def decode_batch_limit(
 
     `held_context_tokens`, the mean context of the requests the engines hold now (FPM), raises
     both when it is larger: long outputs stay in flight longer, so the requests in decode are
-    longer than the arrivals' mean (a heavy-tailed output mix holds twice its mean context)."""
+    longer than the arrivals' mean (a heavy-tailed output mix holds twice its mean context).
+
+    `profile_itl_ms(batch, context)`, the profile's own ITL, is a floor beyond the batches the
+    engines were seen running: there a straight line through a few ticks of small batches has
+    little to say (in the profile's own world, records of up to 85 requests at a 1.2k context
+    put the 30 ms limit near 370 requests, where the profile, and the world, have it at 210),
+    and a batch never seen is not taken as cheaper than the profile says. Within the data, the
+    learned cost alone decides: a world cheaper than its profile is learned where it is run."""
     context = max(isl_tokens + osl_tokens / 2, 1.0)
     need = max(isl_tokens + osl_tokens, 1.0)
     if held_context_tokens is not None and held_context_tokens > context:
@@ -219,9 +228,36 @@ def decode_batch_limit(
         cap = min(cap, max_num_seqs)
 
     def meets(n: int) -> bool:
-        return cost.iteration_ms(n, n * context) <= itl_target_ms
+        ms = cost.iteration_ms(n, n * context)
+        if profile_itl_ms is not None and cost.beyond_data(n, n * context):
+            ms = max(ms, profile_itl_ms(n, context))
+        return ms <= itl_target_ms
 
     return largest_meeting(meets, cap)
+
+
+def profile_decode_floor(model: PerfModel, scale: float = 1.0) -> Callable[[float, float], float]:
+    """`decode_batch_limit`'s `profile_itl_ms`: the profile's decode ITL, scaled down to a world
+    measured faster than it (`scale`, the measured decode scale; never up: a slower world is its
+    learned cost's to show), as the highest the profile reaches up to the batch and near the
+    context. Its surface dips past its plateau (a floor that fell again would let the limit's
+    bisection land beyond a batch it refused), and it is not monotone in the context either: the
+    engines' own contexts spread around the mean (at 250 requests, 29.0 ms at 2,000 tokens and
+    32.4 ms at 1,500 on the bundled H200 profile)."""
+    factor = min(1.0, scale)
+
+    def floor_ms(n: float, context: float) -> float:
+        return factor * max(
+            model.decode_itl_ms(float(b), context * k)
+            for b in np.linspace(1.0, max(n, 1.0), _FLOOR_BATCHES)
+            for k in _FLOOR_CONTEXTS
+        )
+
+    return floor_ms
+
+
+_FLOOR_BATCHES = 16
+_FLOOR_CONTEXTS = (0.75, 1.0, 1.25)
 
 
 def largest_meeting(meets: Callable[[int], bool], cap: int) -> int:

@@ -232,6 +232,9 @@ class DecodeCost:
     def iteration_ms(self, requests: float, kv_tokens: float) -> float:
         return self.model.predict_ms(decode_features(requests, kv_tokens))
 
+    def beyond_data(self, requests: float, kv_tokens: float) -> bool:
+        return self.model.outside(decode_features(requests, kv_tokens))
+
 
 @dataclass(frozen=True)
 class LatencyModels:

@@ -51,7 +51,13 @@ import numpy as np
 
 from app.core.perf.interpolation import PerfModel
 from app.core.sla import quiet
-from app.core.sla.capacity import LengthMix, decode_batch_limit, peak_concurrency, prefill_engines
+from app.core.sla.capacity import (
+    LengthMix,
+    decode_batch_limit,
+    peak_concurrency,
+    prefill_engines,
+    profile_decode_floor,
+)
 from app.core.sla.demand import demand_at
 from app.core.sla.latency import prior_models
 from app.core.sla.learners import check_busy, learn_latency, update_lead, update_scale
@@ -141,9 +147,9 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
     check = check_busy(state, inp, interval_s, settings)
     if check is not None:
         diagnostics["capacity_check"] = check
-    wish, role_diag = _wishes(demand, inp, state, settings, lead_s)
+    wish, role_diag = _wishes(demand, inp, state, settings, lead_s, model)
     diagnostics["roles"] = role_diag
-    kept = _quiet_floor(demand, inp, state, settings, lead_s, wish, role_diag)
+    kept = _quiet_floor(demand, inp, state, settings, lead_s, wish, role_diag, model)
     if kept is not None:
         diagnostics["quiet"] = kept
     if not inp.inventory_known:
@@ -293,6 +299,7 @@ def _quiet_floor(
     lead_s: float,
     wish: dict[Role, int],
     diag: dict[Role, dict[str, Any]],
+    model: PerfModel | None,
 ) -> dict[str, Any] | None:
     """Raise `wish` to what a return from a quiet period needs while one is likely within the
     horizon (a lead plus the level window, the soonest released engines could serve again); the
@@ -327,7 +334,7 @@ def _quiet_floor(
         osl=osl,
         mix=demand.mix if demand.mix.mean > 0 else LengthMix.uniform(isl),
     )
-    needs, _ = _wishes(back, inp, state, settings, lead_s, with_held=False)
+    needs, _ = _wishes(back, inp, state, settings, lead_s, model, with_held=False)
     extra = {role: max(0, needs[role] - wish[role]) for role in wish}
     rate = view.return_tokens_s / isl if isl > 0 else 0.0
     if view.keep:
@@ -351,6 +358,7 @@ def _wishes(
     state: SlaState,
     settings: SlaSettings,
     lead_s: float,
+    model: PerfModel | None,
     with_held: bool = True,
 ) -> tuple[dict[Role, int], dict[Role, dict[str, Any]]]:
     assert state.latency is not None
@@ -400,6 +408,9 @@ def _wishes(
             max_kv_tokens=settings.max_kv_tokens,
             max_num_seqs=settings.max_num_seqs,
             held_context_tokens=held_context,
+            profile_itl_ms=(
+                profile_decode_floor(model, state.scale.get("decode", 1.0)) if model is not None else None
+            ),
         )
         in_flight = demand.in_flight
         held = (
