@@ -302,22 +302,24 @@ class PgDecisionListener:
             backoff_s = min(backoff_s * 2, 10.0)
 
     def _saw_write(self, payload: str) -> None:
-        try:
-            note = json.loads(payload)
-            deployment, seq = str(note["deployment"]), int(note["seq"])
-        except (ValueError, KeyError, TypeError):
-            log.warning("ignoring malformed notification %r", payload)
-            return
-        if self._versions is not None:
-            self._versions.saw(deployment, seq)
+        note = _note(payload, "seq")
+        if note is not None and self._versions is not None:
+            self._versions.saw(*note)
 
     def _deliver(self, payload: str) -> None:
-        try:
-            note = json.loads(payload)
-            deployment, decision_id = str(note["deployment"]), int(note["id"])
-        except (ValueError, KeyError, TypeError):
-            log.warning("ignoring malformed notification %r", payload)
+        note = _note(payload, "id")
+        if note is None:
             return
         with self._sf() as session:
-            decision = get_decision_or_raise(session, deployment, decision_id)
+            decision = get_decision_or_raise(session, *note)
         self._hub.publish_threadsafe(decision)
+
+
+def _note(payload: str, number: str) -> tuple[str, int] | None:
+    """(deployment, the payload's `number` field) of a notification; None, logged, if malformed."""
+    try:
+        note = json.loads(payload)
+        return str(note["deployment"]), int(note[number])
+    except (ValueError, KeyError, TypeError):
+        log.warning("ignoring malformed notification %r", payload)
+        return None

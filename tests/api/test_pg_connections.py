@@ -186,3 +186,33 @@ async def test_an_idle_dead_connection_is_replaced_at_checkout(
     again = await api.client.get(f"/decisions/{decision_id}", headers=bearer(VIEWER))
     assert again.status_code == 200, again.text
     assert again.json() == one.json()
+
+
+async def test_malformed_notifications_are_skipped_and_the_listener_goes_on(
+    make_api: ApiFactory, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    api = await make_api(tokens=TOKENS)
+    assert await asyncio.to_thread(api.app.state.listener.connected.wait, 10)
+    assert (await pin(api, token=OPER)).status_code == 201
+    before = api.app.state.decision_versions.version("demo")
+    other = create_engine(make_url(db_url), isolation_level="AUTOCOMMIT")
+    try:
+        with other.connect() as conn:
+            for channel in (decisions.WRITES_CHANNEL, decisions.NOTIFY_CHANNEL):
+                for payload in (
+                    "not json",
+                    '{"deployment": "demo"}',
+                    '{"deployment": "demo", "seq": "x", "id": []}',
+                ):
+                    conn.execute(text("SELECT pg_notify(:c, :p)"), {"c": channel, "p": payload})
+    finally:
+        other.dispose()
+    deadline = time.monotonic() + 10
+    while sum("ignoring malformed notification" in r.getMessage() for r in caplog.records) < 6:
+        assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+        await asyncio.sleep(0.01)
+    # Nothing was taken from them, and the listener is still up: the next write is seen.
+    assert api.app.state.decision_versions.version("demo") == before
+    assert api.app.state.listener.connected.is_set()
+    created = await pin(api, 2, 2, token=OPER)
+    assert json.loads(await page(api))["items"][-1]["id"] == created.json()["decision"]["id"]
