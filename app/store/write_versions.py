@@ -8,9 +8,9 @@ LISTEN connection is up and was seeded from the table after LISTEN began, so no 
 between the seed and the notifications; otherwise `version` answers None and the page reads the
 version from the database as before.
 
-A page served by another process may trail a write by the notification's delivery (on loopback
-well under a millisecond); the writing process itself sees its write at once, because the seq is
-taken on commit (`after_commit`), before the writer's response is sent."""
+A page served by another process may trail a write by the notification's delivery; the writing
+process itself sees its write at once, because the seq is taken on commit (`after_commit`),
+before the writer's response is sent."""
 
 from __future__ import annotations
 
@@ -32,9 +32,10 @@ class WriteVersions:
     def seed(self, rows: Iterable[tuple[str, int]]) -> None:
         """The table's seqs, read after LISTEN began: from now on notifications keep it current."""
         with self._lock:
-            for name, seq in rows:
-                if seq > self._seqs.get(name, -1):
-                    self._seqs[name] = seq
+            # The table's word replaces what was known (a restored database may count lower);
+            # notifications still queued from before the read carry no higher seq, and `saw`
+            # keeps the highest.
+            self._seqs = dict(rows)
             self._live = True
 
     def down(self) -> None:
