@@ -253,6 +253,7 @@ class SlaRole(Record):
     service_s: Num = None
     capacity_tokens_s: Num = None
     queued_tokens: Num = None
+    backlog_growth_tokens: Num = None  # what the queue gains before engines ordered now serve
     backlog_tokens_s: Num = None
     meets_target: Flag = None
     miss_share: Num = None  # of the servable requests, expected to miss the TTFT target
@@ -262,6 +263,7 @@ class SlaRole(Record):
     # decode
     batch_limit: Num = None
     in_flight_at_target: Num = None
+    backlog_in_flight: Num = None  # of those, the prompts prefill's backlog drain sends
     held_now: Num = None
     held_context_tokens: Num = None  # mean context of the requests decode holds now (FPM)
 

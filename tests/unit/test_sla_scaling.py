@@ -495,17 +495,79 @@ def test_learned_prefill_iterations_and_the_backlog_enter_the_prefill_wish(h200:
     assert result.diagnostics["latency"]["prefill"]["learned_now"] == 1
     assert prior.model.mean_ms(prefill_features(CHUNK, 0)) < learned.iteration_ms(CHUNK) < 255.0
     assert learned.iteration_ms(CHUNK) == pytest.approx(184.98, rel=1e-4)
-    backlog = 6_000_000 / max(settings.startup_estimate_s, settings.level_window_s)
+    # The one engine is behind (6 M queued) and its capacity is just under the arrivals' 40,000
+    # tokens/s, so the queue also grows for the lead before more engines could serve.
+    capacity = ISL / learned.busy_s(ISL)
+    growth = (100.0 / TICK_S * ISL - capacity) * settings.startup_estimate_s
+    backlog = (6_000_000 + growth) / max(settings.startup_estimate_s, settings.level_window_s)
     token_rate = 100.0 / TICK_S * ISL + backlog
     expected = prefill_wish(h200, settings, token_rate, LengthMix.uniform(ISL), 1.0, cost=learned)
     prefill = result.diagnostics["roles"]["prefill"]
-    assert prefill["backlog_tokens_s"] == round(backlog, 1) == 50_000.0
+    assert prefill["backlog_growth_tokens"] == round(growth, 1) == 58_811.3
+    assert prefill["backlog_tokens_s"] == round(backlog, 1) == 50_490.1
     assert prefill["queued_tokens"] == 6_000_000
-    assert prefill["capacity_tokens_s"] == round(ISL / learned.busy_s(ISL), 1)
+    assert prefill["capacity_tokens_s"] == round(capacity, 1)
     assert result.replicas == {"prefill": expected}
     # 90,000 tokens/s: 3 engines; the traffic alone (40,000 tokens/s) would need 2.
     no_queue = prefill_wish(h200, settings, 100.0 / TICK_S * ISL, LengthMix.uniform(ISL), 1.0, cost=learned)
     assert (expected, no_queue) == (3, 2)
+
+
+def test_a_crowd_on_too_few_engines_orders_for_the_backlog_the_lead_will_add(h200: PerfModel) -> None:
+    """Engines ordered now serve a lead later, and requests are routed on arrival: the queue they
+    find is the one seen now plus all the lead's arrivals beyond the ready engines' capacity. So
+    while the engines' queue shows they are behind, prefill is sized to drain that future queue
+    within the lead, and decode for the prompts that drain brings it."""
+    settings = settings_for(h200, ("prefill", "decode"))
+    lead_s = settings.startup_estimate_s  # nothing measured yet: 120 s
+    crowd = 1_000.0  # 200 req/s of 2,000 tokens, on 2 prefill engines
+    queued = 2_000_000
+
+    def fpm(queued_tokens: int) -> Fpm:
+        half = queued_tokens // 2
+        return {
+            "prefill": {(f"p{i}", 0): prefill_record(h200, f"p{i}", queued_tokens=half) for i in range(2)},
+            **decode_fpm(h200, [100, 100]),
+        }
+
+    run = Run(h200, settings, expected={"prefill": 2, "decode": 2}, ready={"prefill": 2, "decode": 2})
+    first = run.tick(crowd, fpm=fpm(queued))
+    cost = run.state.latency.prefill  # type: ignore[union-attr]
+    capacity = ISL / cost.busy_s(ISL)
+    arriving = crowd / TICK_S * ISL
+    # No order open yet: the ready engines are all there is for the whole lead.
+    growth = (arriving - 2 * capacity) * lead_s
+    prefill = first.diagnostics["roles"]["prefill"]
+    assert prefill["backlog_growth_tokens"] == round(growth, 1)
+    draining = (queued + growth) / lead_s
+    assert prefill["backlog_tokens_s"] == round(draining, 1)
+    mix = LengthMix.uniform(ISL)
+    wish = prefill_wish(h200, settings, arriving + draining, mix, 1.0, cost=cost)
+    seen_only = prefill_wish(h200, settings, arriving + queued / lead_s, mix, 1.0, cost=cost)
+    assert first.replicas is not None and first.replicas["prefill"] == wish
+    assert (wish, seen_only) == (20, 12)  # for the queue seen now alone: 12
+    # Decode is sized for the drained prompts' flow as well as the arrivals'.
+    drained_flight = decode_concurrency(
+        request_rate_s=draining / ISL, osl_tokens=OSL, itl_target_ms=settings.itl_target_ms
+    )
+    decode = first.diagnostics["roles"]["decode"]
+    assert decode["backlog_in_flight"] == pytest.approx(drained_flight, abs=0.1)
+
+    # 5 s later the order is open, due in 115 s: the ready engines until then, the ordered
+    # count for the lead's last 5 s (it covers the arrivals: nothing more from it).
+    second = run.tick(crowd, fpm=fpm(queued), ready={"prefill": 2, "decode": 2})
+    cost = run.state.latency.prefill  # type: ignore[union-attr]
+    capacity = ISL / cost.busy_s(ISL)
+    before = (arriving - 2 * capacity) * (lead_s - TICK_S)
+    after = max(0.0, arriving - wish * capacity) * TICK_S
+    assert after == 0.0
+    assert second.diagnostics["roles"]["prefill"]["backlog_growth_tokens"] == round(before + after, 1)
+
+    # A queue under a TTFT target's work per ready engine is not being behind: nothing is added.
+    calm = Run(h200, settings, expected={"prefill": 2, "decode": 2})
+    short = calm.tick(crowd, fpm=fpm(10_000))
+    assert short.diagnostics["roles"]["prefill"]["backlog_growth_tokens"] == 0.0
+    assert short.diagnostics["roles"]["decode"]["backlog_in_flight"] == 0.0
 
 
 def test_max_num_seqs_caps_the_decode_batch(h200: PerfModel) -> None:

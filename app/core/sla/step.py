@@ -25,7 +25,9 @@ engine's latest forward pass (FPM) and the ready counts. Then, per role:
    Lengths are the trend window's means and the ISL histogram of the samples kept (`lookback_s`);
    burstiness is the index of dispersion of the per-tick request counts.
 4. **Wish**: engines for that demand (`app/core/sla/capacity.py`): prefill for the TTFT target
-   including queueing (bursts and the prompt-length mix) and the prompts queued now; decode for
+   including queueing (bursts and the prompt-length mix) and the prompts queued now, plus, while
+   the engines are behind, what that queue gains before engines ordered now serve (decode then
+   also takes the prompts the drain sends it: `_backlog_growth`); decode for
    the ITL target by Little's law at the `decode_peak_quantile` of the requests in flight,
    against the largest batch meeting `decode_itl_margin` × the target (at the context the
    engines hold, when longer); decode also for the requests the engines actually hold or queue
@@ -53,7 +55,9 @@ from app.core.perf.interpolation import PerfModel
 from app.core.sla import quiet
 from app.core.sla.capacity import (
     LengthMix,
+    PrefillSizing,
     decode_batch_limit,
+    decode_concurrency,
     peak_concurrency,
     prefill_engines,
     profile_decode_floor,
@@ -364,23 +368,33 @@ def _wishes(
     assert state.latency is not None
     wish: dict[Role, int] = {}
     diag: dict[Role, dict[str, Any]] = {}
+    draining_tokens_s = 0.0
     if "prefill" in settings.bounds:
         # The prompts queued now must be cleared too, by the time more engines could serve.
         queued = (
             sum(r.queued.sum_prefill_tokens for r in inp.fpm.get("prefill", {}).values()) if with_held else 0
         )
-        backlog_rate = queued / max(lead_s, settings.level_window_s)
-        sizing = prefill_engines(
-            state.latency.prefill,
-            token_rate_s=demand.token_rate_s + backlog_rate,
-            mix=demand.mix,
-            ttft_target_ms=settings.ttft_target_ms,
-            quantile=settings.quantile,
-            max_utilisation=settings.prefill_max_utilisation,
-            max_engines=settings.bounds["prefill"].max_replicas,
-            dispersion=demand.dispersion,
-            correction=state.correction,
-        )
+        drain_s = max(lead_s, settings.level_window_s)
+
+        def size(backlog_tokens: float) -> PrefillSizing:
+            return prefill_engines(
+                state.latency.prefill,
+                token_rate_s=demand.token_rate_s + backlog_tokens / drain_s,
+                mix=demand.mix,
+                ttft_target_ms=settings.ttft_target_ms,
+                quantile=settings.quantile,
+                max_utilisation=settings.prefill_max_utilisation,
+                max_engines=settings.bounds["prefill"].max_replicas,
+                dispersion=demand.dispersion,
+                correction=state.correction,
+            )
+
+        sizing = size(queued)
+        growing = _backlog_growth(demand, inp, state, settings, lead_s, queued, sizing.capacity_tokens_s)
+        if growing > 0:
+            sizing = size(queued + growing)
+        backlog_rate = (queued + growing) / drain_s
+        draining_tokens_s = backlog_rate if growing > 0 else 0.0
         wish["prefill"] = settings.bounds["prefill"].clamp(sizing.engines)
         rate = (demand.token_rate_s + backlog_rate) / demand.mix.mean if demand.mix.mean > 0 else 0.0
         diag["prefill"] = {
@@ -391,6 +405,7 @@ def _wishes(
             "service_s": round(sizing.service_s, 3),
             "capacity_tokens_s": round(sizing.capacity_tokens_s, 1),
             "queued_tokens": queued,
+            "backlog_growth_tokens": round(growing, 1),
             "backlog_tokens_s": round(backlog_rate, 1),
             "meets_target": sizing.meets_target,
             "miss_share": round(sizing.miss_share, 4),
@@ -412,7 +427,17 @@ def _wishes(
                 profile_decode_floor(model, state.scale.get("decode", 1.0)) if model is not None else None
             ),
         )
-        in_flight = demand.in_flight
+        # While prefill is behind (a backlog growing: `_backlog_growth`), the prompts it drains
+        # reach decode on top of the arrivals, at the rate prefill is sized to drain them.
+        in_flight = demand.in_flight + (
+            decode_concurrency(
+                request_rate_s=draining_tokens_s / demand.isl,
+                osl_tokens=demand.osl,
+                itl_target_ms=settings.itl_target_ms,
+            )
+            if draining_tokens_s > 0 and demand.isl > 0
+            else 0.0
+        )
         held = (
             sum(
                 r.scheduled.num_decode_requests + r.queued.num_decode_requests
@@ -428,10 +453,41 @@ def _wishes(
             "wish": wish["decode"],
             "batch_limit": batch,
             "in_flight_at_target": round(in_flight, 1),
+            "backlog_in_flight": round(in_flight - demand.in_flight, 1),
             "held_now": held,
             "held_context_tokens": round(held_context, 1) if held_context is not None else None,
         }
     return wish, diag
+
+
+def _backlog_growth(
+    demand: Demand,
+    inp: SlaInput,
+    state: SlaState,
+    settings: SlaSettings,
+    lead_s: float,
+    queued_tokens: float,
+    capacity_tokens_s: float,
+) -> float:
+    """The prompt tokens the queue will still gain before engines ordered now can serve: arrivals
+    beyond the ready engines' saturated capacity until the open order's engines are due, and
+    beyond the ordered count's after that. Engines ordered on the queue seen now arrive a lead
+    later to a queue that grew all that lead, and requests are routed on arrival, so whatever is
+    queued then is waited behind by every request after it (a flash crowd on the two engines it
+    found). Only while the engines' own queue shows they are behind (more than a TTFT target's
+    work per ready engine): a model that underrates the engines must not order for a queue that
+    does not exist."""
+    ready = inp.ready.get("prefill", 0)
+    behind_tokens = max(ready, 1) * capacity_tokens_s * settings.ttft_target_ms / 1000
+    if capacity_tokens_s <= 0 or queued_tokens <= behind_tokens:
+        return 0.0
+    arriving = demand.request_rate_s * demand.isl
+    expected = max(inp.expected.get("prefill", ready), ready)
+    order = state.orders.get("prefill")
+    due_s = min(lead_s, max(0.0, order[0] + lead_s - inp.now_s)) if order is not None else 0.0
+    before = max(0.0, arriving - ready * capacity_tokens_s) * due_s
+    after = max(0.0, arriving - expected * capacity_tokens_s) * (lead_s - due_s)
+    return before + after
 
 
 def _held_context(inp: SlaInput) -> float | None:

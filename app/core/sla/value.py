@@ -12,7 +12,8 @@ engines for it, and chat met no more requests than without them.
 
 `present_need` reads the SLA step's own diagnostics (the tick's `sla` record), so that nothing in
 the SLA step changes: the load now is the level (`request_rate_s`, the busiest burst window) at
-the measured lengths, with the backlog queued now; prefill's need is its `needed` scaled by that
+the measured lengths, with the backlog queued now (and what it gains before ordered engines
+serve, and the requests its drain sends decode); prefill's need is its `needed` scaled by that
 load over the load it was sized for, decode's the requests in flight at that level (Little's law,
 at the same quantile of the count as the SLA step's) over one engine's batch. Scaling prefill
 engines in proportion to load ignores the queueing curve (a prefill count's wait falls faster
@@ -66,9 +67,13 @@ def present_need(sla: Mapping[str, Any] | None, *, itl_target_ms: float) -> dict
         # (capacity.py `peak_concurrency`); its z·sqrt(dispersion) is read back from the sized
         # mean and quantile, so that the load now gets the same quantile. (Scaling the quantile in
         # proportion to the mean would shrink its spread too, and under-count small deployments.)
+        # The prompts prefill's backlog drain sends decode are load now too (the backlog is).
+        drained = float(d.get("backlog_in_flight") or 0.0)
         sized_peak = float(d["in_flight_at_target"])
-        spread = (sized_peak - sized_mean) / math.sqrt(sized_mean) if sized_mean > 0 else 0.0
+        arrivals_peak = sized_peak - drained
+        spread = (arrivals_peak - sized_mean) / math.sqrt(sized_mean) if sized_mean > 0 else 0.0
         now_peak = now_mean + max(spread, 0.0) * math.sqrt(now_mean) if now_mean > 0 else 0.0
+        now_peak += drained
         if batch > 0:
             # The requests held now (decoding or queued) are load now too, as in the SLA step.
             now_engines = max(
