@@ -470,13 +470,12 @@ def _backlog_growth(
     capacity_tokens_s: float,
 ) -> float:
     """The prompt tokens the queue will still gain before engines ordered now can serve: arrivals
-    beyond the ready engines' saturated capacity until the open order's engines are due, and
-    beyond the ordered count's after that. Engines ordered on the queue seen now arrive a lead
-    later to a queue that grew all that lead, and requests are routed on arrival, so whatever is
-    queued then is waited behind by every request after it (a flash crowd on the two engines it
-    found). Only while the engines' own queue shows they are behind (more than a TTFT target's
-    work per ready engine): a model that underrates the engines must not order for a queue that
-    does not exist."""
+    beyond the ready engines' saturated capacity until the open order is due, beyond the ordered
+    count's after that. Engines ordered on the queue seen now arrive a lead later to a queue that
+    grew all that lead, and requests are routed on arrival, so every later request waits behind
+    it (a flash crowd on the two engines it found). Only while the engines' own queue shows they
+    are behind (over a TTFT target's work per ready engine): a model that underrates the engines
+    must not order for a queue that does not exist."""
     ready = inp.ready.get("prefill", 0)
     behind_tokens = max(ready, 1) * capacity_tokens_s * settings.ttft_target_ms / 1000
     if capacity_tokens_s <= 0 or queued_tokens <= behind_tokens:
