@@ -430,6 +430,27 @@ def test_a_burst_after_a_quiet_minute_finds_the_engines_it_needs(h200: PerfModel
     assert result.reason == SlaReason.SCALE_UP
 
 
+def test_a_first_return_is_sized_at_the_busy_level_not_at_its_forecast(h200: PerfModel) -> None:
+    """With no return seen yet, a return is taken to need what the busy period's traffic did,
+    not what was forecast for it: a headroom learned from one flash crowd (x10) once kept both
+    roles at their maximum for 20 minutes after the traffic ended. Here the forecast is the
+    cold-start headroom, x2 for the whole busy period."""
+    settings = settings_for(
+        h200, ("prefill", "decode"), trend=True, growth_min_points=100_000, cold_start_growth=2.0
+    )
+    level = busy_wishes(h200, settings)
+    run = Run(h200, settings, expected=dict(level))
+    for _ in range(120):
+        forecast = run.tick(BUSY)
+    assert forecast.diagnostics["demand"]["growth"] == [2.0, 2.0]
+    sized = forecast.replicas
+    assert sized is not None and sized["prefill"] > level["prefill"] and sized["decode"] > level["decode"]
+    while run.now_s < 700.0:
+        quiet = run.tick(0.0).diagnostics.get("quiet")
+    assert quiet is not None and quiet["periods_seen"] == 0 and quiet["keep"] is True
+    assert quiet["return_wish"] == level
+
+
 def test_a_long_silence_lets_the_engines_go(h200: PerfModel) -> None:
     run, busy = busy_then_silent(h200)
     kept_until = released_at = None

@@ -722,6 +722,30 @@ def test_e_lead_is_measured_from_order_to_ready(h200: PerfModel) -> None:
     assert result.diagnostics["scale_down_window_s"] == 90.0
 
 
+def test_e_an_open_order_older_than_the_estimate_lengthens_the_lead(h200: PerfModel) -> None:
+    """A world slower than the estimate: an order still open after the estimate's 120 s is a
+    censored measurement, so the lead is read as the order's age (never shorter than what has
+    been measured), and the first completion sets the measured lead."""
+    settings = settings_for(h200, ("prefill",))
+    run = Run(h200, settings, expected={"prefill": 1})
+    run.tick(100.0, ready={"prefill": 1})
+    ordered_s, need = run.now_s, run.expected["prefill"]
+    assert need == 2 and run.state.orders == {"prefill": (ordered_s, need)}
+    leads = []
+    while run.now_s < ordered_s + 300.0 - TICK_S:
+        leads.append(run.tick(100.0, ready={"prefill": 1}).diagnostics["lead_s"])
+    # The estimate (120 s) until the order is that old, then the order's age, tick by tick.
+    ages = [ordered_s + TICK_S * (i + 1) - ordered_s for i in range(len(leads))]
+    assert leads == [max(settings.startup_estimate_s, age) for age in ages]
+    assert leads[-1] == 295.0
+    result = run.tick(100.0, ready={"prefill": need})
+    assert run.state.lead_s == 300.0
+    assert (result.diagnostics["lead_s"], result.diagnostics["lead_measured"]) == (300.0, True)
+    # A measured lead shorter than a later open order's age gives way to that age as well.
+    run.state.orders, run.expected = {"prefill": (run.now_s - 400.0, 3)}, {"prefill": 3}
+    assert run.tick(100.0, ready={"prefill": need}, follow=False).diagnostics["lead_s"] == 405.0
+
+
 def test_e_the_scale_down_window_is_leads_times_the_lead_with_a_floor(h200: PerfModel) -> None:
     settings = settings_for(h200, ("prefill",), scale_down_window_s=60.0, scale_down_window_leads=2.0)
     assert [scale_down_window_s(settings, lead) for lead in (0.0, 20.0, 30.0, 45.0, 300.0)] == [

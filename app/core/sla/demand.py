@@ -110,6 +110,7 @@ def demand_at(
         growth=growth,
         growth_learned=learned,
         ramp=ramp,
+        level_in_flight=in_flight(level),
     )
 
 

@@ -59,7 +59,10 @@ def update_scale(
 
 def update_lead(state: SlaState, inp: SlaInput, settings: SlaSettings) -> float:
     """Close the scale-up orders the ready counts have reached; their age is the scaling latency
-    (EWMA), which is how far ahead the forecast looks."""
+    (EWMA), which is how far ahead the forecast looks. An order still open is a censored
+    measurement: the lead is at least its age. Without that, a world slower than the estimate
+    goes on being read at the estimate until its first order completes (a 300 s start-up read as
+    120 s for five minutes, every order in them sized for the wrong horizon)."""
     for role, (ordered_s, count) in list(state.orders.items()):
         if inp.expected.get(role, count) < count:
             del state.orders[role]  # cancelled by a later scale-down: nothing measured
@@ -67,7 +70,8 @@ def update_lead(state: SlaState, inp: SlaInput, settings: SlaSettings) -> float:
             latency = inp.now_s - ordered_s
             state.lead_s = latency if state.lead_s is None else 0.7 * state.lead_s + 0.3 * latency
             del state.orders[role]
-    return state.lead_s if state.lead_s is not None else settings.startup_estimate_s
+    lead_s = state.lead_s if state.lead_s is not None else settings.startup_estimate_s
+    return max([lead_s, *(inp.now_s - ordered_s for ordered_s, _ in state.orders.values())])
 
 
 # Records one tick learns from, at most: a second's worth of a busy engine's iterations is enough

@@ -12,8 +12,11 @@ window) is likely:
   with a prior worth one period: `h / (a + h)`, what a heavy-tailed (Pareto, Lindy) duration says
   when nothing is known. With no history, or past the longest learned period, that prior alone
   decides: keep at first, let go after about four horizons of silence.
-- **How large the returns are**: the trend level reached within a lead of each return, the
-  largest of the recent ones; with none seen yet, the busy level before this quiet period.
+- **How large the returns are**: the demand sized for within a lead of each return, the
+  largest of the recent ones; with none seen yet, the highest burst level of the busy period
+  before this quiet period (what the traffic did, not what was forecast for it: a headroom
+  learned from one flash crowd, 10x, kept the maximum of both roles for 20 minutes after the
+  traffic ended).
 
 The choice and its expected costs are reported each tick: the engine-seconds kept over the
 horizon, and the requests expected to arrive to too few engines if they are let go.
@@ -23,13 +26,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from app.core.sla.types import Demand
+
 _KEPT = 50
 _RECENT_RETURNS = 10
 
 
 @dataclass(frozen=True)
 class QuietState:
-    busy_tokens_s: float = 0.0  # the peak trend level of the busy period before (prompt tokens/s)
+    busy_tokens_s: float = 0.0  # the peak burst level of the busy period before (prompt tokens/s)
     busy_flight: float = 0.0  # ... requests in decode
     since_s: float | None = None  # when the current quiet period began
     durations_s: tuple[float, ...] = ()
@@ -53,17 +58,19 @@ def observe(
     state: QuietState,
     now_s: float,
     tokens_s: float,
-    need: tuple[float, float],
+    demand: Demand,
     *,
     usual_tokens_s: float,
     quiet_fraction: float,
     lead_s: float,
 ) -> QuietState:
     """Fold the tick at `now_s` in: the trend level of prompt tokens (`tokens_s`) starts or ends a
-    quiet period; `need` (prompt tokens/s, requests in decode), the demand the tick sized for,
-    measures the busy periods and the returns."""
+    quiet period. The tick's `demand` measures the returns by what it sized for (prompt tokens/s
+    and requests in decode, the forecast included) and the busy periods by its burst level alone
+    (no forecast)."""
     quiet = usual_tokens_s > 0 and tokens_s <= quiet_fraction * usual_tokens_s
-    need_tokens, flight = need
+    need_tokens, flight = demand.token_rate_s, demand.in_flight_mean
+    level_tokens, level_flight = demand.request_rate_s * demand.isl, demand.level_in_flight
     s = state
     if s.returned_s is not None:
         peak = (max(s.return_peak[0], need_tokens), max(s.return_peak[1], flight))
@@ -81,13 +88,15 @@ def observe(
             durations_s=(*s.durations_s, duration)[-_KEPT:],
             returned_s=now_s,
             return_peak=(need_tokens, flight),
-            busy_tokens_s=need_tokens,
-            busy_flight=flight,
+            busy_tokens_s=level_tokens,
+            busy_flight=level_flight,
         )
     if not quiet:
         # The busy period's peak: what a return is taken to need until returns are seen.
         return replace(
-            s, busy_tokens_s=max(s.busy_tokens_s, need_tokens), busy_flight=max(s.busy_flight, flight)
+            s,
+            busy_tokens_s=max(s.busy_tokens_s, level_tokens),
+            busy_flight=max(s.busy_flight, level_flight),
         )
     return s
 

@@ -316,8 +316,7 @@ def _quiet_floor(
         state.quiet,
         inp.now_s,
         tokens_s,
-        # What a return needs is measured on the demand sized for (the burst, not the trend).
-        (demand.token_rate_s, demand.in_flight_mean),
+        demand,
         usual_tokens_s=usual,
         quiet_fraction=settings.quiet_fraction,
         lead_s=lead_s,

@@ -92,3 +92,4 @@ class Demand:
     growth: Growth | None  # None: no forecast (`trend` off)
     growth_learned: bool  # False: the cold-start headroom (the history is still too short)
     ramp: tuple[float, float]  # slopes of the two levels per second (0 when falling)
+    level_in_flight: float  # requests in decode at the level alone (no forecast)
