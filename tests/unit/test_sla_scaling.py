@@ -830,6 +830,47 @@ def test_a_short_first_window_is_not_read_alone_as_a_burst() -> None:
     assert _busiest([first, *steady, burst], window_s=2.0) == pytest.approx(40.0)
 
 
+def test_a_steady_rise_is_carried_a_lead_ahead_and_a_step_only_to_the_levels_seen(h200: PerfModel) -> None:
+    """A rise along a line (1% a tick for five minutes: growth compounding, a day's morning) is
+    carried one lead ahead at its growth rate, beyond any level seen; a step to the same height
+    is not a ramp, however steeply the trend catches up with it afterwards. The headroom is held
+    at x1 here so that the ramp alone speaks, and the engines at one, so that no order is
+    measured and the lead stays the 120 s estimate."""
+    settings = settings_for(
+        h200,
+        ("prefill",),
+        trend=True,
+        cold_start_growth=1.0,
+        growth_min_points=100_000,
+        bounds={"prefill": RoleBounds(1, 1)},
+    )
+    ahead_s = settings.startup_estimate_s + settings.trend_window_s / 2  # from the window's middle
+    per_tick = settings.trend_window_s / TICK_S
+    ramp = Run(h200, settings, expected={"prefill": 1})
+    for i in range(60):
+        result = ramp.tick(100.0 * 1.01**i)
+    demand = result.diagnostics["demand"]
+    assert result.diagnostics["lead_s"] == 120.0
+    # The trend window's level grows by 1% a tick too: its log rises log(1.01) every 5 s.
+    assert demand["ramp_growth_per_s"][0] == pytest.approx(math.log(1.01) / TICK_S, abs=1e-6)
+    trend_tokens_s = sum(ramp.counts[-int(per_tick) :]) / settings.trend_window_s * ISL
+    forecast = trend_tokens_s * math.exp(math.log(1.01) / TICK_S * ahead_s)
+    assert demand["token_rate_s"] == pytest.approx(forecast, rel=1e-3)
+    level_now = (ramp.counts[-1] + ramp.counts[-2]) / (2 * TICK_S) * ISL  # the busiest 10 s
+    assert forecast > 1.2 * level_now
+
+    step = Run(h200, settings, expected={"prefill": 1})
+    for count in [100.0] * 48 + [180.0] * 12:
+        result = step.tick(count)
+    demand = result.diagnostics["demand"]
+    assert demand["ramp_growth_per_s"] is None
+    # The trend rose all of the last minute, and a line through it would read far above 180...
+    trend_tokens_s = sum(step.counts[-int(per_tick) :]) / settings.trend_window_s * ISL
+    assert trend_tokens_s + demand["ramp_per_s"][0] * ahead_s > 1.5 * 180.0 / TICK_S * ISL
+    # ... but a step is carried no higher than the levels seen: 180 requests a tick.
+    assert demand["token_rate_s"] == pytest.approx(180.0 / TICK_S * ISL)
+
+
 def test_a_few_ticks_are_not_enough_to_call_traffic_bursty(h200: PerfModel) -> None:
     settings = settings_for(h200, ("prefill",))
     run = Run(h200, settings, expected={"prefill": 1})

@@ -91,6 +91,15 @@ def demand_at(
     top_flight = max([in_flight(level), *(h[2] for h in state.history)])
     ramp_tokens = min(trend * isl + ramp[0] * ahead_s, top_tokens)
     ramp_flight = min(in_flight(trend) + ramp[1] * ahead_s, top_flight)
+    # Unless the arrivals rose along a line rather than in a step: a rise that has lasted the
+    # whole slope window is growth compounding (a day's morning, a launch's spreading), and its
+    # rate per second is carried the lead ahead, beyond any level seen (a first ramp has no
+    # history above it, so the cap would leave the lead to the cold-start headroom).
+    rates = None
+    if ramp != (0.0, 0.0) and _rises_steadily(list(state.samples), now - slope_window_s):
+        rates = _slopes(state.history, now - slope_window_s, settings.trend_window_s, log=True)
+        ramp_tokens = max(ramp_tokens, trend * isl * math.exp(rates[0] * ahead_s))
+        ramp_flight = max(ramp_flight, in_flight(trend) * math.exp(rates[1] * ahead_s))
     tokens_s = max(level * isl, trend * isl * g_tokens, ramp_tokens)
     dispersion = _dispersion(list(state.samples))
     flight_mean = max(in_flight(level), in_flight(trend) * g_flight, ramp_flight)
@@ -110,25 +119,46 @@ def demand_at(
         growth=growth,
         growth_learned=learned,
         ramp=ramp,
+        ramp_growth=rates,
         level_in_flight=in_flight(level),
     )
 
 
 def _slopes(
-    history: deque[tuple[float, float, float]], since_s: float, min_span_s: float
+    history: deque[tuple[float, float, float]], since_s: float, min_span_s: float, *, log: bool = False
 ) -> tuple[float, float]:
-    """Least-squares slopes (per second) of both levels since `since_s`, never below 0: only a
-    rise is carried forward (the planner never scales in on a forecast). Points spanning less
-    than `min_span_s` give no slope: the first minute's levels are too few to say anything."""
-    points = np.array([h for h in history if h[0] > since_s])
+    """Least-squares slopes (per second) of both levels since `since_s` (of their logarithms with
+    `log`: a growth rate), never below 0: only a rise is carried forward (the planner never
+    scales in on a forecast). Points spanning less than `min_span_s` give no slope: the first
+    minute's levels are too few to say anything."""
+    points = np.array([h for h in history if h[0] > since_s and (not log or min(h[1], h[2]) > 0)])
     if len(points) < 3 or np.ptp(points[:, 0]) < min_span_s:
         return 0.0, 0.0
+    if log:
+        points[:, 1:] = np.log(points[:, 1:])
     t = points[:, 0] - points[:, 0].mean()
     denom = float((t * t).sum())
     tokens, flight = (
         max(0.0, float((t * (points[:, k] - points[:, k].mean())).sum()) / denom) for k in (1, 2)
     )
     return tokens, flight
+
+
+def _rises_steadily(samples: list[TrafficSample], since_s: float) -> bool:
+    """Whether the per-tick arrival rates since `since_s` follow a line more closely than any
+    single step does (the squared error of the least-squares line against that of the best split
+    into two levels). A ramp keeps rising and its slope says where it goes; a step rose once."""
+    points = [(s.end_s, s.num_req / s.duration_s) for s in samples if s.end_s > since_s and s.duration_s > 0]
+    if len(points) < _DISPERSION_MIN_TICKS:
+        return False
+    t, y = (np.array(column, dtype=float) for column in zip(*points, strict=True))
+    line_sse = float(((y - np.polyval(np.polyfit(t - t.mean(), y, 1), t - t.mean())) ** 2).sum())
+    # Every split into the first k and the last n - k ticks, each at its own mean (prefix sums).
+    n, k = len(y), np.arange(1, len(y))
+    head, head_sq = np.cumsum(y)[:-1], np.cumsum(y * y)[:-1]
+    tail, tail_sq = y.sum() - head, float((y * y).sum()) - head_sq
+    step_sse = (head_sq - head * head / k) + (tail_sq - tail * tail / (n - k))
+    return line_sse < float(step_sse.min())
 
 
 def _busiest(items: list[TrafficSample], window_s: float) -> float:

@@ -144,6 +144,7 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         "growth_regression": _rounded(demand.growth.regression) if demand.growth_learned else None,
         "growth_regression_ceiling": _rounded(demand.growth.ceiling) if demand.growth_learned else None,
         "ramp_per_s": [round(r, 4) for r in demand.ramp],
+        "ramp_growth_per_s": _rounded(demand.ramp_growth, 6),
         "isl_mean": round(demand.isl, 1),
         "isl_quantile": round(demand.mix.quantile, 1),
         "osl_mean": round(demand.osl, 1),
@@ -495,5 +496,5 @@ def _held_context(inp: SlaInput) -> float | None:
     return sum(r.scheduled.sum_decode_kv_tokens for r in records) / requests if requests else None
 
 
-def _rounded(pair: tuple[float, float] | None) -> list[float] | None:
-    return [round(v, 3) for v in pair] if pair else None
+def _rounded(pair: tuple[float, float] | None, digits: int = 3) -> list[float] | None:
+    return [round(v, digits) for v in pair] if pair else None

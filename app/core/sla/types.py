@@ -92,4 +92,5 @@ class Demand:
     growth: Growth | None  # None: no forecast (`trend` off)
     growth_learned: bool  # False: the cold-start headroom (the history is still too short)
     ramp: tuple[float, float]  # slopes of the two levels per second (0 when falling)
+    ramp_growth: tuple[float, float] | None  # their growth rates per second, if rising steadily
     level_in_flight: float  # requests in decode at the level alone (no forecast)
