@@ -82,15 +82,21 @@ class Run:
         buckets: tuple[Bucket, ...] = (),
         fpm_new: dict[Role, Sequence[ForwardPassMetrics]] | None = None,
         complete: dict[Role, bool] | None = None,
+        latest: bool = False,
     ) -> SlaResult:
+        """`latest`: also hand each engine's last record of `fpm_new` as its latest forward pass
+        (what the measured scale reads)."""
         self.now_s += TICK_S
+        fpm = {
+            role: {(r.worker_id, r.dp_rank): r for r in records} for role, records in (fpm_new or {}).items()
+        }
         result = sla_step(
             self.model,
             self.state,
             SlaInput(
                 self.now_s,
                 TrafficSample(self.now_s, TICK_S, num_req, isl, osl, buckets),
-                {},
+                fpm if latest else {},
                 dict(self.expected),
                 dict(self.expected),
                 fpm_new=fpm_new or {},
@@ -235,6 +241,27 @@ def test_a_batch_beyond_the_records_is_never_cheaper_than_the_profile(h200: Perf
     # Within the records the learned cost alone decides (a limit inside them is the line's).
     inside_ms = h200.decode_itl_ms(60, CONTEXT)
     assert limit(h200.decode_itl_ms, inside_ms) == limit(None, inside_ms) < 85
+
+
+def test_a_slower_world_raises_the_profile_floor_by_its_measured_scale(h200: PerfModel) -> None:
+    """The same light start in a world 20% slower than the profile everywhere: beyond the records
+    the floor is the profile times the measured decode scale (1.2), so the limit is the slower
+    world's. A floor that only ever scaled down left it at the profile's 210, where this world
+    reaches 30 ms from 165 requests on (ITL broke at every burst's start of a bursty workload)."""
+    settings = settings_for(h200, ("decode",), itl_target_ms=30.0)
+    isl, osl = 950.0, 100.0
+    run = Run(h200, settings, expected={"decode": 2})
+    records = [
+        decode_record(f"d{n % 2}", n, CONTEXT, 1.2 * h200.decode_itl_ms(n, CONTEXT)) for n in range(20, 86)
+    ]
+    for _ in range(8):
+        result = run.tick(100.0, isl=isl, osl=osl, fpm_new={"decode": records}, latest=True)
+    assert result.diagnostics["scale"]["decode"] == pytest.approx(1.2, abs=1e-4)
+    slower = largest_meeting(
+        lambda n: 1.2 * max(h200.decode_itl_ms(n, CONTEXT * k) for k in (0.75, 1.0, 1.25)) <= 30.0, 945
+    )
+    assert slower == 164
+    assert result.diagnostics["roles"]["decode"]["batch_limit"] == slower
 
 
 # --- prefill with and without chunk packing -------------------------------------------------------

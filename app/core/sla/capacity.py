@@ -237,17 +237,20 @@ def decode_batch_limit(
 
 
 def profile_decode_floor(model: PerfModel, scale: float = 1.0) -> Callable[[float, float], float]:
-    """`decode_batch_limit`'s `profile_itl_ms`: the profile's decode ITL, scaled down to a world
-    measured faster than it (`scale`, the measured decode scale; never up: a slower world is its
-    learned cost's to show), as the highest the profile reaches up to the batch and near the
-    context. Its surface dips past its plateau (a floor that fell again would let the limit's
-    bisection land beyond a batch it refused), and it is not monotone in the context either: the
-    engines' own contexts spread around the mean (at 250 requests, 29.0 ms at 2,000 tokens and
-    32.4 ms at 1,500 on the bundled H200 profile)."""
-    factor = min(1.0, scale)
+    """`decode_batch_limit`'s `profile_itl_ms`: the profile's decode ITL times the world's
+    measured decode scale (`scale`: its iterations' times over the profile's, both ways), as the
+    highest the profile reaches up to the batch and near the context. Scaled up as well as down:
+    beyond the batches seen the learned cost is a line through small batches, and in a world
+    20% slower than its profile a floor that only scaled down left the limit at the profile's
+    (ITL broke at each burst's start: bursty-gaps 82%, heavy-tail-output 85% at truth 1.2).
+
+    Its surface dips past its plateau (a floor that fell again would let the limit's bisection
+    land beyond a batch it refused), and it is not monotone in the context either: the engines'
+    own contexts spread around the mean (at 250 requests, 29.0 ms at 2,000 tokens and 32.4 ms at
+    1,500 on the bundled H200 profile)."""
 
     def floor_ms(n: float, context: float) -> float:
-        return factor * max(
+        return scale * max(
             model.decode_itl_ms(float(b), context * k)
             for b in np.linspace(1.0, max(n, 1.0), _FLOOR_BATCHES)
             for k in _FLOOR_CONTEXTS
