@@ -189,10 +189,16 @@ def prefill_wish(
 
 
 def batch_limit(
-    model: PerfModel, settings: SlaSettings, cost: DecodeCost | None = None, *, floor: bool = True
+    model: PerfModel,
+    settings: SlaSettings,
+    cost: DecodeCost | None = None,
+    *,
+    floor: bool = True,
+    scale: float = 1.0,
 ) -> int:
     """The planner's decode batch limit on `cost`; beyond its records the profile is the floor
-    (`profile_decode_floor`, at the scale 1 of these worlds) unless `floor` is False."""
+    (`profile_decode_floor`, at the measured decode `scale`: 1 in these worlds unless a test
+    slows them) unless `floor` is False."""
     return decode_batch_limit(
         cost or prior_of(model, settings).decode,
         isl_tokens=ISL,
@@ -200,7 +206,7 @@ def batch_limit(
         itl_target_ms=settings.itl_target_ms * settings.decode_itl_margin,
         max_kv_tokens=settings.max_kv_tokens,
         max_num_seqs=settings.max_num_seqs,
-        profile_itl_ms=profile_decode_floor(model) if floor else None,
+        profile_itl_ms=profile_decode_floor(model, scale) if floor else None,
     )
 
 
@@ -428,10 +434,11 @@ def test_b_decode_scale_follows_slower_iterations_by_ewma(h200: PerfModel) -> No
     # The scale is a diagnostic now: the batch limit is the learned model's (14 records of 60
     # requests in 15.4 ms, and the prior), and iterations slower than the profile raise the
     # learned line above that of the same ticks at the profile's speed (12.9 ms): alone, it would
-    # allow 127 requests against 145. Beyond the 60 requests seen the profile is the floor (the
-    # scale, above 1, does not raise it), and it is higher than both lines: both limits are 113.
+    # allow 127 requests against 145. Beyond the 60 requests seen the profile times the measured
+    # scale is the floor, higher than both lines: 113 at the profile's speed, 88 at x1.18.
     decode = result.diagnostics["roles"]["decode"]
-    assert decode["batch_limit"] == batch_limit(h200, settings, run.state.latency.decode)  # type: ignore[union-attr]
+    measured = run.state.scale["decode"]
+    assert decode["batch_limit"] == batch_limit(h200, settings, run.state.latency.decode, scale=measured)  # type: ignore[union-attr]
     same = Run(h200, settings, expected={"decode": 2})
     for _ in range(7):
         same.tick(150.0, fpm=decode_fpm(h200, [60, 60], ratio=1.0))
@@ -441,7 +448,7 @@ def test_b_decode_scale_follows_slower_iterations_by_ewma(h200: PerfModel) -> No
     )
     assert lines == (127, 145)
     limits = (decode["batch_limit"], same.results[-1].diagnostics["roles"]["decode"]["batch_limit"])
-    assert limits == (113, 113)
+    assert limits == (88, 113)
 
 
 def test_b_scale_ratio_is_clamped_then_smoothed(h200: PerfModel) -> None:
