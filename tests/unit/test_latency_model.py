@@ -382,17 +382,18 @@ def test_a_long_prompts_prefix_cost_is_learned(h200: PerfModel) -> None:
 BUSY = 300.0  # requests per tick: 60 req/s of 2000 tokens, 120,000 prompt tokens/s
 
 
-def busy_wishes(h200: PerfModel, settings: SlaSettings) -> dict[Role, int]:
-    """The counts 60 req/s need on the cold-start prior (no forward pass is fed here)."""
+def busy_wishes(h200: PerfModel, settings: SlaSettings, per_tick: float = BUSY) -> dict[Role, int]:
+    """The counts 60 req/s (`per_tick` requests a tick) need on the cold-start prior (no forward
+    pass is fed here)."""
     prior = prior_of(h200, settings)
     prefill = prefill_engines(
         prior.prefill,
-        token_rate_s=BUSY / TICK_S * ISL,
+        token_rate_s=per_tick / TICK_S * ISL,
         mix=LengthMix.uniform(ISL),
         ttft_target_ms=settings.ttft_target_ms,
         max_engines=32,
     ).engines
-    in_flight = BUSY / TICK_S * (OSL - 1) * settings.itl_target_ms / 1000.0
+    in_flight = per_tick / TICK_S * (OSL - 1) * settings.itl_target_ms / 1000.0
     peak = in_flight + 2.3263478740408408 * math.sqrt(in_flight)  # the 0.99 normal quantile
     batch = decode_batch_limit(
         prior.decode, isl_tokens=ISL, osl_tokens=OSL, itl_target_ms=20.0, max_kv_tokens=settings.max_kv_tokens
@@ -476,6 +477,26 @@ def test_a_first_return_is_sized_at_the_busy_level_not_at_its_forecast(h200: Per
         quiet = run.tick(0.0).diagnostics.get("quiet")
     assert quiet is not None and quiet["periods_seen"] == 0 and quiet["keep"] is True
     assert quiet["return_wish"] == level
+
+
+def test_the_traffic_it_started_into_counts_as_a_return(h200: PerfModel) -> None:
+    """Ten busy minutes at 60 req/s from the start, a quiet minute and a half, a return at 30
+    req/s for three minutes, then silence again. The returns seen are the start (60 req/s, at
+    its level) and the one at 30: what a return needs is the larger. Counting only returns
+    after quiet periods, the floor kept 30 req/s' engines and the next burst, as large as the
+    first, queued (bursty-gaps at a 30 s start-up: 90.2%)."""
+    run, busy = busy_then_silent(h200)
+    for _ in range(27):
+        run.tick(0.0)
+    for _ in range(36):
+        run.tick(BUSY / 2)
+    assert [round(r[0]) for r in run.state.quiet.returns] == [BUSY / TICK_S * ISL, BUSY / 2 / TICK_S * ISL]
+    while (quiet := run.tick(0.0).diagnostics.get("quiet")) is None:
+        pass
+    assert quiet["periods_seen"] == 1 and quiet["keep"] is True
+    assert quiet["return_wish"] == busy
+    half = busy_wishes(h200, settings_for(h200, ("prefill", "decode")), per_tick=BUSY / 2)
+    assert half != busy  # the return at 30 req/s alone would keep fewer
 
 
 def test_a_long_silence_lets_the_engines_go(h200: PerfModel) -> None:

@@ -13,7 +13,10 @@ window) is likely:
   when nothing is known. With no history, or past the longest learned period, that prior alone
   decides: keep at first, let go after about four horizons of silence.
 - **How large the returns are**: the demand sized for within a lead of each return, the
-  largest of the recent ones; with none seen yet, the highest burst level of the busy period
+  largest of the recent ones. The traffic the planner started into counts as one, at its burst
+  level (its sizing held the cold-start headroom): on bursty-gaps the first burst was the largest
+  for minutes, and counting only returns after quiet periods kept too little for the next one of
+  its size. With none seen yet, the highest burst level of the busy period
   before this quiet period (what the traffic did, not what was forecast for it: a headroom
   learned from one flash crowd, 10x, kept the maximum of both roles for 20 minutes after the
   traffic ended).
@@ -39,7 +42,10 @@ class QuietState:
     since_s: float | None = None  # when the current quiet period began
     durations_s: tuple[float, ...] = ()
     returns: tuple[tuple[float, float], ...] = ()  # (tokens/s, flight) reached within a lead of a return
-    returned_s: float | None = None  # the last return, its level still being measured
+    # The last return, its level still being measured; the first tick counts as one (the traffic
+    # the planner starts into is a burst's size as much as any that follows a quiet period).
+    returned_s: float | None = None
+    started: bool = False
     return_peak: tuple[float, float] = (0.0, 0.0)
 
 
@@ -72,8 +78,15 @@ def observe(
     need_tokens, flight = demand.token_rate_s, demand.in_flight_mean
     level_tokens, level_flight = demand.request_rate_s * demand.isl, demand.level_in_flight
     s = state
+    if not s.started:
+        s = replace(
+            s, started=True, returned_s=None if quiet else now_s, return_peak=(level_tokens, level_flight)
+        )
     if s.returned_s is not None:
-        peak = (max(s.return_peak[0], need_tokens), max(s.return_peak[1], flight))
+        # The start's sample is the traffic's level: its sizing held the cold-start headroom.
+        first = not s.returns and not s.durations_s
+        got = (level_tokens, level_flight) if first else (need_tokens, flight)
+        peak = (max(s.return_peak[0], got[0]), max(s.return_peak[1], got[1]))
         if now_s - s.returned_s >= lead_s or quiet:
             s = replace(s, returns=(*s.returns, peak)[-_KEPT:], returned_s=None, return_peak=(0.0, 0.0))
         else:
