@@ -16,10 +16,10 @@ window) is likely:
   largest of the recent ones. The traffic the planner started into counts as one, at its burst
   level (its sizing held the cold-start headroom): on bursty-gaps the first burst was the largest
   for minutes, and counting only returns after quiet periods kept too little for the next one of
-  its size. With none seen yet, the highest burst level of the busy period
-  before this quiet period (what the traffic did, not what was forecast for it: a headroom
-  learned from one flash crowd, 10x, kept the maximum of both roles for 20 minutes after the
-  traffic ended).
+  its size. With none measured yet (a quiet period within a lead of the start), the highest burst
+  level of the busy period before it: what the traffic did, not what was forecast for it (a
+  headroom learned from one flash crowd, x10, once kept both roles at their maximum for 18
+  minutes after the traffic ended).
 
 The choice and its expected costs are reported each tick: the engine-seconds kept over the
 horizon, and the requests expected to arrive to too few engines if they are let go.
