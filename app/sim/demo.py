@@ -140,16 +140,26 @@ def prepare(options: DemoOptions) -> DemoPlan:
 
 
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
+    reserve_port(port, host).close()
+
+
+def reserve_port(port: int, host: str = "127.0.0.1") -> socket.socket:
+    """Hold `port` for the planner service: bound and listening, so that no other bind takes it
+    (the demo's own 64 FPM ports and its frontend come up first, and once took the port a test
+    had picked), until it is closed just before the service starts. ConfigError if it is busy."""
     if not 1 <= port <= 65535:
         raise ConfigError(f"--port: must be between 1 and 65535, got {port}")
-    with socket.socket() as sock:
-        # As the server will (uvicorn sets SO_REUSEADDR): connections of an earlier run lingering
-        # in TIME_WAIT do not make the port busy.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise ConfigError(f"--port: {host}:{port} is not free ({exc.strerror})") from None
+    sock = socket.socket()
+    # As the server will (uvicorn sets SO_REUSEADDR): connections of an earlier run lingering in
+    # TIME_WAIT do not make the port busy.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(1)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"--port: {host}:{port} is not free ({exc.strerror})") from None
+    return sock
 
 
 def service_deployments_file(
@@ -430,6 +440,7 @@ class Demo:
     async def run(self) -> int:
         """Start everything, run until the end (or a signal), stop everything."""
         tasks: list[asyncio.Task[None]] = []
+        reserved = reserve_port(self.options.port)
         try:
             self.tmp_dir = Path(tempfile.mkdtemp(prefix="planner-demo-"))
             self.publisher = FpmPublisher(self._slots)
@@ -475,6 +486,7 @@ class Demo:
                 log_path=self.tmp_dir / "planner.log",
                 port=self.options.port,
             )
+            reserved.close()
             self.service.start()
             self.out(f"starting the planner service on {self.service.base_url} (pid {self.service.pid}) ...")
             await self.service.wait_ready(READY_TIMEOUT_S)
@@ -504,6 +516,7 @@ class Demo:
             self.stop_reason = "signal"
             return 0
         finally:
+            reserved.close()
             await self._shutdown(tasks)
 
     async def _until_done(self, tasks: list[asyncio.Task[None]]) -> None:
