@@ -459,10 +459,11 @@ def test_a_burst_after_a_quiet_minute_finds_the_engines_it_needs(h200: PerfModel
 
 
 def test_a_first_return_is_sized_at_the_busy_level_not_at_its_forecast(h200: PerfModel) -> None:
-    """With no return seen yet, a return is taken to need what the busy period's traffic did,
-    not what was forecast for it: a headroom learned from one flash crowd (x10) once kept both
-    roles at their maximum for 20 minutes after the traffic ended. Here the forecast is the
-    cold-start headroom, x2 for the whole busy period."""
+    """Before any return from a quiet period is seen, a return is taken to need what the traffic
+    did (the level it started into, or the busy period's burst level), not what was forecast
+    for it: a headroom learned from one flash crowd (x10) once kept both roles at their maximum
+    for 18 minutes after the traffic ended. Here the forecast is the cold-start headroom, x2 for
+    the whole busy period."""
     settings = settings_for(
         h200, ("prefill", "decode"), trend=True, growth_min_points=100_000, cold_start_growth=2.0
     )
