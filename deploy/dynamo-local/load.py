@@ -134,6 +134,8 @@ async def _one(
         if stream:
             async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
                 tokens = 0
+                if resp.status_code != 200:
+                    await resp.aread()
                 async for line in resp.aiter_lines():
                     if line.startswith("data:") and "[DONE]" not in line:
                         if ttft is None:
@@ -145,7 +147,8 @@ async def _one(
             status = resp.status_code
             if status == 200:
                 tokens = resp.json().get("usage", {}).get("completion_tokens")
-        error = "" if status == 200 else f"HTTP {status}"
+        # The frontend's reason (for example "no backend worker available") makes a failure readable.
+        error = "" if status == 200 else f"HTTP {status}: {resp.text[:200]}"
     except httpx.HTTPError as exc:
         status, error = 0, f"{type(exc).__name__}: {exc}"
     return Result(req.at_s, sent - t0, req.isl, req.osl, status, time.monotonic() - sent, ttft, tokens, error)
