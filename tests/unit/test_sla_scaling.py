@@ -123,15 +123,17 @@ def window_rate(counts: list[float], window_s: float) -> float:
     return sum(kept) / (len(kept) * TICK_S)
 
 
-def dispersion(counts: list[float]) -> float:
+def dispersion(counts: list[float], prior_s: float = SlaSettings.model_fields["dispersion_prior_s"].default) -> float:
     """Index of dispersion of the per-tick counts, from consecutive differences (a difference of
     two independent counts has twice their variance) by their median absolute deviation (a
-    single step is not burstiness), never below 1 (Poisson), and 1 for fewer than six ticks."""
+    single step is not burstiness), shrunk towards Poisson's 1 with `prior_s` of ticks as the
+    prior's weight, never below 1, and 1 for fewer than six ticks."""
     if len(counts) < 6:
         return 1.0
     diffs = np.diff(np.array(counts, dtype=float))
     sigma = 1.4826 * float(np.median(np.abs(diffs - np.median(diffs))))
-    return max(1.0, sigma * sigma / 2 / float(np.mean(counts)))
+    raw = sigma * sigma / 2 / float(np.mean(counts))
+    return max(1.0, 1.0 + (raw - 1.0) * len(diffs) / (len(diffs) + prior_s / TICK_S))
 
 
 def level_rate(counts: list[float], settings: SlaSettings) -> float:
@@ -887,6 +889,23 @@ def test_a_few_ticks_are_not_enough_to_call_traffic_bursty(h200: PerfModel) -> N
     result = run.tick(500.0)  # the sixth: now the deviation of five differences counts
     assert result.diagnostics["demand"]["dispersion"] == round(dispersion(run.counts), 2)
     assert result.diagnostics["demand"]["dispersion"] > 1.0
+
+
+def test_a_burstiness_read_off_a_few_ticks_weighs_less_than_a_minute_of_poisson(h200: PerfModel) -> None:
+    """The long-prompt mix's first 40 s (5 s ticks): Poisson-like counts whose seven differences
+    happen to alternate, so their median deviation reads 6.8 times Poisson; the first minute's
+    counts vary 1.5-2.5 times. Shrunk by 60 s of prior ticks (12) the reading is 3.15, and it
+    counts fully only with `dispersion_prior_s` 0."""
+    counts = [29.0, 51.0, 36.0, 50.0, 46.0, 47.0, 26.0, 44.0]
+    raw = dispersion(counts, prior_s=0.0)
+    assert raw == pytest.approx(6.84, abs=0.01)
+    for prior_s, expected in ((60.0, 1.0 + (raw - 1.0) * 7 / 19), (0.0, raw)):
+        settings = settings_for(h200, ("prefill",), dispersion_prior_s=prior_s)
+        run = Run(h200, settings, expected={"prefill": 1})
+        for count in counts:
+            result = run.tick(count)
+        assert result.diagnostics["demand"]["dispersion"] == round(expected, 2), prior_s
+    assert round(1.0 + (raw - 1.0) * 7 / 19, 2) == 3.15
 
 
 def test_a_cold_start_forecasts_with_the_cold_headroom_until_the_history_has_its_points(

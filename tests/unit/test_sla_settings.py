@@ -40,6 +40,7 @@ def test_every_scaling_field_reaches_the_settings_with_its_value(tmp_path: Path)
         "growth_neighbour_share": 0.5,
         "growth_regression": False,
         "cold_start_growth": 2.0,
+        "dispersion_prior_s": 30.0,
         "latency_prior_records": 25.0,
         "latency_half_life_s": 300.0,
         "latency_caution_z": 1.0,

@@ -97,6 +97,11 @@ class SlaTuning(BaseModel):
     cold_start_growth: float = Field(
         default=1.6, ge=1, description="the forecast's headroom until the history can teach one"
     )
+    dispersion_prior_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="burstiness starts at Poisson's and the ticks' own reading outweighs it after this long",
+    )
     latency_prior_records: float = Field(
         default=10.0,
         gt=0,
