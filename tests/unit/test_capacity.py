@@ -302,8 +302,19 @@ def test_histogram_open_last_bucket_ends_at_twice_its_lower_bound() -> None:
     assert mix.second_moment == pytest.approx(sum(m * m * w for m, w in hand), rel=1e-12)
 
 
-def test_empty_histogram_is_uniform() -> None:
-    assert LengthMix.from_histogram([(1000.0, 0.0)], 700.0, 0.99) == LengthMix.uniform(700.0)
+def test_an_empty_histogram_knows_the_mean_only_and_spreads_it_exponentially() -> None:
+    mix = LengthMix.from_histogram([(1000.0, 0.0)], 700.0, 0.99)
+    assert mix == LengthMix.from_histogram([], 700.0, 0.99) == LengthMix.exponential(700.0, 0.99)
+    lengths = [length for length, _ in mix.points]
+    assert len(lengths) == 32 and all(w == 1 / 32 for _, w in mix.points)
+    assert sum(length * w for length, w in mix.points) == pytest.approx(700.0, rel=1e-12)
+    # The 99th percentile of an exponential of mean 700: 700 × ln(100) = 3,224 tokens.
+    assert mix.quantile == pytest.approx(700.0 * math.log(100.0), rel=1e-12) == pytest.approx(3223.6, abs=0.1)
+    # Its second moment is 2 × mean² (coefficient of variation 1); 32 points at the middles of
+    # equal shares fall a little short of the far tail: 1.92 × mean².
+    assert mix.second_moment / 700.0**2 == pytest.approx(1.92, abs=0.01)
+    assert lengths == sorted(lengths) and lengths[0] < 0.02 * 700.0 and lengths[-1] > 4.2 * 700.0
+    assert LengthMix.exponential(0.0, 0.99) == LengthMix.uniform(0.0)
 
 
 # --- prefill_engines ------------------------------------------------------------------------------

@@ -156,6 +156,19 @@ def prior_of(model: PerfModel, settings: SlaSettings) -> LatencyModels:
     )
 
 
+def no_histogram_mix(settings: SlaSettings, isl: float = ISL) -> LengthMix:
+    """The prompt lengths a planner sizes for when the traffic brings a mean ISL and no histogram
+    (these ticks bring none): the mean at an exponential spread."""
+    return LengthMix.exponential(isl, settings.quantile)
+
+
+def mix_capacity(cost: PrefillCost, mix: LengthMix) -> float:
+    """Prompt tokens per second one saturated engine computes of `mix`: its mean length over its
+    mean busy time."""
+    busy_s = sum(weight * cost.busy_s(length) for length, weight in mix.points)
+    return sum(weight * length for length, weight in mix.points) / busy_s
+
+
 def prefill_sizing(
     cost: PrefillCost,
     settings: SlaSettings,
@@ -263,7 +276,7 @@ def decode_fpm(model: PerfModel, batches: list[int], ratio: float = 1.0) -> Fpm:
 def test_a_burst_raises_prefill_on_the_very_next_tick(h200: PerfModel) -> None:
     settings = settings_for(h200, ("prefill",))
     steady, burst = 100.0, 600.0  # 20 req/s, then 120 req/s (6×) for two ticks (10 s)
-    mix = LengthMix.uniform(ISL)
+    mix = no_histogram_mix(settings)
     steady_wish = prefill_wish(h200, settings, steady / TICK_S * ISL, mix, 1.0)
     run = Run(h200, settings, expected={"prefill": steady_wish})
 
@@ -284,12 +297,13 @@ def test_a_burst_raises_prefill_on_the_very_next_tick(h200: PerfModel) -> None:
     # No forward pass is fed: the costs are the cold-start prior's throughout.
     prior = prior_of(h200, settings).prefill
     sizing = prefill_sizing(prior, settings, rate * ISL, mix, disp)
-    # Pinned on the H200 prior: 40,000 then 140,000 tokens/s at 36,231 tokens/s per engine (the
-    # prior's line read 2σ high: 55.2 ms per 2000-token prompt), which the 500 ms target lets
-    # run at the 0.9 cap: 40000 / 32608 = 1.2 -> 2 and 140000 / 32608 = 4.3 -> 5. (The old
-    # profile × scale formula's 48,191 tokens/s per engine gave (2, 4).)
+    # Pinned on the H200 prior: 40,000 then 140,000 tokens/s at 34,159 tokens/s per engine (the
+    # prior's line read 2σ high, over the exponential mix of 2000-token mean; 36,231 for prompts
+    # all of 2000 tokens), which the 500 ms target lets run at the 0.9 cap: 40000 / 30743 =
+    # 1.3 -> 2 and 140000 / 30743 = 4.6 -> 5. (The old profile × scale formula's 48,191 tokens/s
+    # per engine gave (2, 4).)
     assert (steady_wish, sizing.engines) == (2, 5)
-    assert sizing.engines == math.ceil(rate * ISL / (ISL / prior.busy_s(ISL) * 0.9))
+    assert sizing.engines == math.ceil(rate * ISL / (mix_capacity(prior, mix) * 0.9))
     assert result.reason == SlaReason.SCALE_UP
     assert result.replicas == {"prefill": sizing.engines}
     roles = result.diagnostics["roles"]["prefill"]
@@ -297,7 +311,7 @@ def test_a_burst_raises_prefill_on_the_very_next_tick(h200: PerfModel) -> None:
     assert result.diagnostics["demand"]["token_rate_s"] == round(rate * ISL, 1)
     assert result.diagnostics["demand"]["dispersion"] == round(disp, 2)
     # Never sized for 100%: at the chosen count each engine runs at most at the cap.
-    capacity = ISL / prior.busy_s(ISL)
+    capacity = mix_capacity(prior, mix)
     assert roles["capacity_tokens_s"] == round(capacity, 1)
     assert sizing.utilisation == pytest.approx(rate * ISL / (sizing.engines * capacity), rel=1e-12)
     assert sizing.utilisation <= settings.prefill_max_utilisation
@@ -309,7 +323,7 @@ def test_a_burst_raises_prefill_on_the_very_next_tick(h200: PerfModel) -> None:
     rate = level_rate(run.counts, settings)
     assert rate == 2 * burst / 10.0
     second = prefill_wish(h200, settings, rate * ISL, mix, dispersion(run.counts))
-    # 70 req/s, then 120 req/s: pinned on the H200 prior (240000 / 32608 = 7.4 -> 8; the old
+    # 70 req/s, then 120 req/s: pinned on the H200 prior (240000 / 30743 = 7.8 -> 8; the old
     # formula gave (4, 6)).
     assert (first, second) == (5, 8)
     assert (result.replicas, result.reason) == ({"prefill": second}, SlaReason.SCALE_UP)
@@ -506,19 +520,20 @@ def test_learned_prefill_iterations_and_the_backlog_enter_the_prefill_wish(h200:
     assert learned.iteration_ms(CHUNK) == pytest.approx(184.98, rel=1e-4)
     # The one engine is behind (6 M queued) and its capacity is just under the arrivals' 40,000
     # tokens/s, so the queue also grows for the lead before more engines could serve.
-    capacity = ISL / learned.busy_s(ISL)
+    mix = no_histogram_mix(settings)
+    capacity = mix_capacity(learned, mix)
     growth = (100.0 / TICK_S * ISL - capacity) * settings.startup_estimate_s
     backlog = (6_000_000 + growth) / max(settings.startup_estimate_s, settings.level_window_s)
     token_rate = 100.0 / TICK_S * ISL + backlog
-    expected = prefill_wish(h200, settings, token_rate, LengthMix.uniform(ISL), 1.0, cost=learned)
+    expected = prefill_wish(h200, settings, token_rate, mix, 1.0, cost=learned)
     prefill = result.diagnostics["roles"]["prefill"]
-    assert prefill["backlog_growth_tokens"] == round(growth, 1) == 58_811.3
-    assert prefill["backlog_tokens_s"] == round(backlog, 1) == 50_490.1
+    assert prefill["backlog_growth_tokens"] == round(growth, 1) == 104_911.7
+    assert prefill["backlog_tokens_s"] == round(backlog, 1) == 50_874.3
     assert prefill["queued_tokens"] == 6_000_000
     assert prefill["capacity_tokens_s"] == round(capacity, 1)
     assert result.replicas == {"prefill": expected}
     # 90,000 tokens/s: 3 engines; the traffic alone (40,000 tokens/s) would need 2.
-    no_queue = prefill_wish(h200, settings, 100.0 / TICK_S * ISL, LengthMix.uniform(ISL), 1.0, cost=learned)
+    no_queue = prefill_wish(h200, settings, 100.0 / TICK_S * ISL, mix, 1.0, cost=learned)
     assert (expected, no_queue) == (3, 2)
 
 
@@ -542,7 +557,8 @@ def test_a_crowd_on_too_few_engines_orders_for_the_backlog_the_lead_will_add(h20
     run = Run(h200, settings, expected={"prefill": 2, "decode": 2}, ready={"prefill": 2, "decode": 2})
     first = run.tick(crowd, fpm=fpm(queued))
     cost = run.state.latency.prefill  # type: ignore[union-attr]
-    capacity = ISL / cost.busy_s(ISL)
+    mix = no_histogram_mix(settings)
+    capacity = mix_capacity(cost, mix)
     arriving = crowd / TICK_S * ISL
     # No order open yet: the ready engines are all there is for the whole lead.
     growth = (arriving - 2 * capacity) * lead_s
@@ -550,11 +566,10 @@ def test_a_crowd_on_too_few_engines_orders_for_the_backlog_the_lead_will_add(h20
     assert prefill["backlog_growth_tokens"] == round(growth, 1)
     draining = (queued + growth) / lead_s
     assert prefill["backlog_tokens_s"] == round(draining, 1)
-    mix = LengthMix.uniform(ISL)
     wish = prefill_wish(h200, settings, arriving + draining, mix, 1.0, cost=cost)
     seen_only = prefill_wish(h200, settings, arriving + queued / lead_s, mix, 1.0, cost=cost)
     assert first.replicas is not None and first.replicas["prefill"] == wish
-    assert (wish, seen_only) == (20, 12)  # for the queue seen now alone: 12
+    assert (wish, seen_only) == (21, 12)  # for the queue seen now alone: 12
     # Decode is sized for the drained prompts' flow as well as the arrivals'.
     drained_flight = decode_concurrency(
         request_rate_s=draining / ISL, osl_tokens=OSL, itl_target_ms=settings.itl_target_ms
@@ -566,7 +581,7 @@ def test_a_crowd_on_too_few_engines_orders_for_the_backlog_the_lead_will_add(h20
     # count for the lead's last 5 s (it covers the arrivals: nothing more from it).
     second = run.tick(crowd, fpm=fpm(queued), ready={"prefill": 2, "decode": 2})
     cost = run.state.latency.prefill  # type: ignore[union-attr]
-    capacity = ISL / cost.busy_s(ISL)
+    capacity = mix_capacity(cost, mix)
     before = (arriving - 2 * capacity) * (lead_s - TICK_S)
     after = max(0.0, arriving - wish * capacity) * TICK_S
     assert after == 0.0

@@ -104,7 +104,8 @@ def demand_at(
     dispersion = _dispersion(list(state.samples), settings.dispersion_prior_s)
     flight_mean = max(in_flight(level), in_flight(trend) * g_flight, ramp_flight)
     buckets = _merged_buckets(list(state.samples))
-    mix = LengthMix.from_histogram(buckets, isl, settings.quantile) if buckets else LengthMix.uniform(isl)
+    # No histogram (Dynamo's replay gives means only): the mean, at an exponential spread.
+    mix = LengthMix.from_histogram(buckets, isl, settings.quantile)
     return Demand(
         request_rate_s=level,
         token_rate_s=tokens_s,
