@@ -292,12 +292,18 @@ def goal_summary(rows: Sequence[dict]) -> dict[str, list[str]]:
     """The planner's cells, by the goal: `met` (≥ 99% attainment, or ≥ the oracle's - 0.5
     points, at ≤ 1.15x the oracle's GPU-hours), `missed` (the rest), `below_95` (attainment under
     95%), `worse_than_static` (lower attainment and more GPU-hours than static). Cells are named
-    `workload world delay`; empty lists without planner rows (and no static comparison without
-    static rows)."""
+    `workload world delay`; empty lists without planner rows. `no_static` names the planner's
+    cells that ran no static row (`--policies planner`): they are not compared with static."""
     by_cell: dict[tuple[str, str, float], dict[str, dict]] = {}
     for r in rows:
         by_cell.setdefault((r["workload"], r["world"], r["delay_s"]), {})[r["policy"]] = r
-    out: dict[str, list[str]] = {"met": [], "missed": [], "below_95": [], "worse_than_static": []}
+    out: dict[str, list[str]] = {
+        "met": [],
+        "missed": [],
+        "below_95": [],
+        "worse_than_static": [],
+        "no_static": [],
+    }
     for (name, world, delay_s), by_policy in by_cell.items():
         planner = by_policy.get("planner")
         if planner is None:
@@ -308,9 +314,10 @@ def goal_summary(rows: Sequence[dict]) -> dict[str, list[str]]:
         if attainment is not None and attainment < LOW_ATTAINMENT:
             out["below_95"].append(f"{label} ({attainment:.1%})")
         static = by_policy.get("static")
-        if (
-            static is not None
-            and attainment is not None
+        if static is None:
+            out["no_static"].append(label)
+        elif (
+            attainment is not None
             and static["slo_attainment"] is not None
             and attainment < static["slo_attainment"]
             and planner["gpu_hours"] > static["gpu_hours"]
@@ -336,6 +343,9 @@ def format_summary(summary: dict[str, list[str]]) -> str:
         f"- worse than static on both axes: {len(summary['worse_than_static'])}: "
         f"{'; '.join(summary['worse_than_static']) or 'none'}",
     ]
+    if summary["no_static"]:
+        n = len(summary["no_static"])
+        lines[-1] += f" (not compared in {n} cell{'s' * (n != 1)}: no static row in this run)"
     return "\n".join(lines)
 
 

@@ -276,7 +276,9 @@ def world_prefill_ms(tokens: float, prefix: float = 0.0, prompts: float = 1.0, c
 
 def capacity_at(cost: PrefillCost, isl: float, mix: LengthMix | None = None) -> float:
     """Tokens per second per saturated engine, for prompts all of `isl` tokens unless `mix`."""
-    sizing = prefill_engines(cost, token_rate_s=10_000.0, mix=mix or LengthMix.uniform(isl), ttft_target_ms=1000.0)
+    sizing = prefill_engines(
+        cost, token_rate_s=10_000.0, mix=mix or LengthMix.uniform(isl), ttft_target_ms=1000.0
+    )
     return sizing.capacity_tokens_s
 
 

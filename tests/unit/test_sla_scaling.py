@@ -123,7 +123,9 @@ def window_rate(counts: list[float], window_s: float) -> float:
     return sum(kept) / (len(kept) * TICK_S)
 
 
-def dispersion(counts: list[float], prior_s: float = SlaSettings.model_fields["dispersion_prior_s"].default) -> float:
+def dispersion(
+    counts: list[float], prior_s: float = SlaSettings.model_fields["dispersion_prior_s"].default
+) -> float:
     """Index of dispersion of the per-tick counts, from consecutive differences (a difference of
     two independent counts has twice their variance) by their median absolute deviation (a
     single step is not burstiness), shrunk towards Poisson's 1 with `prior_s` of ticks as the
