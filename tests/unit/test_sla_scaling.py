@@ -596,47 +596,6 @@ def test_a_crowd_on_too_few_engines_orders_for_the_backlog_the_lead_will_add(h20
     assert short.diagnostics["roles"]["decode"]["backlog_in_flight"] == 0.0
 
 
-def test_a_scale_down_waits_for_the_engines_an_order_is_still_starting(h200: PerfModel) -> None:
-    """A replica count lowered while ordered engines are starting removes them first: cancelled
-    and wished for again, they are a whole lead away. So the scale-down waits until they serve
-    (then the window decides), unless the order is older than two leads (stuck, not coming)."""
-    settings = settings_for(h200, ("prefill",))
-    steady, burst = 100.0, 600.0
-    low = prefill_wish(h200, settings, steady / TICK_S * ISL, no_histogram_mix(settings), 1.0)
-
-    def burst_then_calm() -> tuple[Run, int, float]:
-        run = Run(h200, settings, expected={"prefill": low})
-        for _ in range(13):  # more than the 60 s window of steady wishes
-            run.tick(steady, ready={"prefill": low})
-        high = run.tick(burst, ready={"prefill": low}).replicas["prefill"]  # type: ignore[index]
-        assert high > low and run.state.orders["prefill"] == (run.now_s, high)
-        return run, high, run.now_s
-
-    run, high, ordered_s = burst_then_calm()
-    # Two minutes of steady traffic, the ordered engines still starting (the lead estimate is
-    # 120 s): every wish of the window is `low` after a minute, and the order is kept.
-    for _ in range(24):
-        result = run.tick(steady, ready={"prefill": low})
-        assert result.replicas == {"prefill": high}
-    assert result.reason == SlaReason.HOLD
-    assert result.diagnostics["roles"]["prefill"]["wish"] == low
-    assert result.diagnostics["roles"]["prefill"]["hold"] == "an order of 120 s is still starting"
-    # They serve: the window's wishes are all `low`, down at once.
-    result = run.tick(steady, ready={"prefill": high})
-    assert (result.replicas, result.reason) == ({"prefill": low}, SlaReason.SCALE_DOWN)
-    assert "prefill" not in run.state.orders  # completed: 125 s measured
-    assert run.state.lead_s == 125.0
-
-    # An order whose engines are still not serving after two leads (240 s) does not hold.
-    run, high, ordered_s = burst_then_calm()
-    while run.now_s - ordered_s < 2 * settings.startup_estimate_s - TICK_S:
-        result = run.tick(steady, ready={"prefill": low})
-        assert result.replicas == {"prefill": high}
-    result = run.tick(steady, ready={"prefill": low})
-    assert run.now_s - ordered_s == 240.0
-    assert (result.replicas, result.reason) == ({"prefill": low}, SlaReason.SCALE_DOWN)
-
-
 def test_max_num_seqs_caps_the_decode_batch(h200: PerfModel) -> None:
     # The cold-start limit at 20 ms is above 64 requests; an engine that schedules at most 64
     # holds no more, and 60 req/s (179 requests in flight, 210 at the 0.99 peak quantile) then

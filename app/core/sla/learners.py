@@ -74,24 +74,6 @@ def update_lead(state: SlaState, inp: SlaInput, settings: SlaSettings) -> float:
     return max([lead_s, *(inp.now_s - ordered_s for ordered_s, _ in state.orders.values())])
 
 
-def starting_hold(state: SlaState, inp: SlaInput, role: Role, settings: SlaSettings) -> str | None:
-    """Why a scale-down of `role` must wait (None: it need not): engines of an open order are
-    still starting, and a replica count lowered now removes them first (a ReplicaSet deletes pods
-    that are not ready before ready ones). Cancelled and wished for again, they are a whole lead
-    away, where kept they serve within what is left of theirs: azure-conv-x30 with a 300 s
-    start-up cancelled a prefill order 45 s before it would serve, wished for it again 30 s later
-    and went ten minutes one engine short. An order older than two leads is stuck (no capacity,
-    a crash loop), not coming: it does not hold."""
-    order = state.orders.get(role)
-    lead_s = state.lead_s if state.lead_s is not None else settings.startup_estimate_s
-    if order is None or inp.expected.get(role, 0) <= inp.ready.get(role, 0):
-        return None
-    age_s = inp.now_s - order[0]
-    if age_s >= 2 * lead_s:
-        return None
-    return f"an order of {age_s:.0f} s is still starting"
-
-
 # Records one tick learns from, at most: a second's worth of a busy engine's iterations is enough
 # to refit three coefficients, and the fit's cost stays bounded.
 _LEARN_LIMIT = 400

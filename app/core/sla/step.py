@@ -35,8 +35,8 @@ engine's latest forward pass (FPM) and the ready counts. Then, per role:
    period, what a likely return needs is kept (app/core/sla/quiet.py).
 5. **Target**: up at once to the wish; down only to the highest wish of the scale-down window
    (`scale_down_window_s`, or `scale_down_window_leads` measured leads when that is longer), not
-   before the planner has watched a full window, nor before the headroom is learned (it, not the
-   window, covers the lead), nor while an order's engines are starting (`starting_hold`).
+   before the planner has watched a full window, and not before the headroom is learned: the
+   headroom, not the window, covers the lead.
 
 Nothing here reads the clock: `now_s` comes with the input. State (the samples, wishes and
 measured scales, `SlaState`) is an explicit object: `sla_step` changes the one it is given, and the
@@ -64,7 +64,7 @@ from app.core.sla.capacity import (
 )
 from app.core.sla.demand import demand_at
 from app.core.sla.latency import prior_models
-from app.core.sla.learners import check_busy, learn_latency, starting_hold, update_lead, update_scale
+from app.core.sla.learners import check_busy, learn_latency, update_lead, update_scale
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState
 from app.core.sla.types import Demand, SlaInput, SlaReason, SlaResult
@@ -118,8 +118,9 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
     if model is None or state.latency is None:
         woken = _bare_wake(state, inp, settings, seen, diagnostics)
         return woken or SlaResult(None, SlaReason.MODEL_NOT_READY, "no performance model", diagnostics)
-    # With scale to zero the lengths last seen size a wake: requests queued at zero have not completed,
-    # and waiting for their lengths leaves the next engines a start-up behind. Off: unknown, no demand.
+    # With scale to zero, the lengths last seen size a wake: the requests queued at zero have not
+    # completed, and waiting for their lengths would leave the second wave of engines a start-up
+    # behind the first. Off, unchanged: no request length known is no demand known.
     fallback = state.lengths if settings.scale_to_zero.enabled else None
     demand = demand_at(state, now, lead_s, settings, fallback_lengths=fallback)
     if demand is None:
@@ -224,12 +225,11 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
             role_diag[role]["hold"] = "the forecast's headroom is not learned yet"
         else:
             stable = max(w[role] for _, w in state.wishes)
-            kept = starting_hold(state, inp, role, settings) if stable < current else None
-            if stable < current and kept is None:
+            if stable < current:
                 target[role], reasons[role] = stable, SlaReason.SCALE_DOWN
             else:
                 target[role], reasons[role] = current, SlaReason.HOLD
-                role_diag[role]["hold"] = kept or f"highest wish of the window is {stable}"
+                role_diag[role]["hold"] = f"highest wish of the window is {stable}"
         role_diag[role]["reason"] = str(reasons[role])
         notes.append(f"{role} {current}->{target[role]} ({reasons[role]}, wish {want})")
         if target[role] > max(current, inp.ready.get(role, 0)) and role not in state.orders:
