@@ -254,6 +254,7 @@ class SlaRole(Record):
     service_s: Num = None
     capacity_tokens_s: Num = None
     queued_tokens: Num = None
+    stuck_tokens: Num = None  # queued beyond what the engine holding them clears within the lead
     backlog_growth_tokens: Num = None  # what the queue gains before engines ordered now serve
     backlog_tokens_s: Num = None
     meets_target: Flag = None

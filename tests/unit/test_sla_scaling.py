@@ -521,17 +521,21 @@ def test_learned_prefill_iterations_and_the_backlog_enter_the_prefill_wish(h200:
     assert prior.model.mean_ms(prefill_features(CHUNK, 0)) < learned.iteration_ms(CHUNK) < 255.0
     assert learned.iteration_ms(CHUNK) == pytest.approx(184.98, rel=1e-4)
     # The one engine is behind (6 M queued) and its capacity is just under the arrivals' 40,000
-    # tokens/s, so the queue also grows for the lead before more engines could serve.
+    # tokens/s, so the queue also grows for the lead before more engines could serve. Of the
+    # 6 M, the engine clears 4.7 M itself within the lead; the rest waits on it whatever the
+    # count, and orders nothing.
     mix = no_histogram_mix(settings)
     capacity = mix_capacity(learned, mix)
     growth = (100.0 / TICK_S * ISL - capacity) * settings.startup_estimate_s
-    backlog = (6_000_000 + growth) / max(settings.startup_estimate_s, settings.level_window_s)
+    own = capacity * settings.startup_estimate_s
+    backlog = (own + growth) / max(settings.startup_estimate_s, settings.level_window_s)
     token_rate = 100.0 / TICK_S * ISL + backlog
     expected = prefill_wish(h200, settings, token_rate, mix, 1.0, cost=learned)
     prefill = result.diagnostics["roles"]["prefill"]
     assert prefill["backlog_growth_tokens"] == round(growth, 1) == 104_911.7
-    assert prefill["backlog_tokens_s"] == round(backlog, 1) == 50_874.3
+    assert prefill["backlog_tokens_s"] == round(backlog, 1) == 40_000.0
     assert prefill["queued_tokens"] == 6_000_000
+    assert prefill["stuck_tokens"] == round(6_000_000 - own, 1) == 1_304_911.7
     assert prefill["capacity_tokens_s"] == round(capacity, 1)
     assert result.replicas == {"prefill": expected}
     # 90,000 tokens/s: 3 engines; the traffic alone (40,000 tokens/s) would need 2.
@@ -594,6 +598,55 @@ def test_a_crowd_on_too_few_engines_orders_for_the_backlog_the_lead_will_add(h20
     short = calm.tick(crowd, fpm=fpm(10_000))
     assert short.diagnostics["roles"]["prefill"]["backlog_growth_tokens"] == 0.0
     assert short.diagnostics["roles"]["decode"]["backlog_in_flight"] == 0.0
+
+
+def test_a_queue_stuck_on_its_engines_orders_no_engine_that_cannot_take_it(h200: PerfModel) -> None:
+    """After a crowd, the two engines that were running when it came still hold 50 M prompt
+    tokens each; twelve engines serve the new arrivals. A prompt waits on the engine it was routed
+    to, so engines added now would take new arrivals only: the queue counts as load up to what its
+    own engine clears within the lead, and the rest (`stuck_tokens`) orders nothing."""
+    settings = settings_for(h200, ("prefill",))
+    lead_s = settings.startup_estimate_s
+    stuck = 50_000_000
+    queues = [stuck, stuck] + [0] * 10
+    fpm = {
+        "prefill": {
+            (f"p{i}", 0): prefill_record(h200, f"p{i}", queued_tokens=q) for i, q in enumerate(queues)
+        }
+    }
+    run = Run(h200, settings, expected={"prefill": 12}, ready={"prefill": 12})
+    result = run.tick(100.0, fpm=fpm)
+    cost = run.state.latency.prefill  # type: ignore[union-attr]
+    mix = no_histogram_mix(settings)
+    capacity = mix_capacity(cost, mix)
+    arriving = 100.0 / TICK_S * ISL
+    prefill = result.diagnostics["roles"]["prefill"]
+    # Each engine clears `capacity × lead` of its own queue; the 2 × 50 M are far beyond that.
+    own = capacity * lead_s
+    assert prefill["queued_tokens"] == 2 * stuck
+    assert prefill["stuck_tokens"] == round(2 * (stuck - own), 1)
+    # The queue is behind, so the lead's arrivals beyond the ready engines' capacity count too
+    # (none here: twelve engines take 40,000 tokens/s).
+    assert prefill["backlog_growth_tokens"] == 0.0
+    assert prefill["backlog_tokens_s"] == round(2 * own / lead_s, 1)
+    wish = prefill_wish(h200, settings, arriving + 2 * capacity, mix, 1.0, cost=cost)
+    everything = prefill_wish(h200, settings, arriving + 2 * stuck / lead_s, mix, 1.0, cost=cost)
+    assert prefill["wish"] == wish
+    # The arrivals' engines plus the two that are busy with their own queue; for the whole queue
+    # it would have been many more, to stand idle: new engines take new arrivals only.
+    alone = prefill_wish(h200, settings, arriving, mix, 1.0, cost=cost)
+    assert (alone, wish, everything) == (2, 4, 25)
+
+    # While an order is open, the queue is also the first sign of a rise the level lags behind
+    # (a crowd's first seconds on the engines it found), and it counts whole.
+    rising = Run(h200, settings, expected={"prefill": 2}, ready={"prefill": 2})
+    crowd = {"prefill": {(f"p{i}", 0): prefill_record(h200, f"p{i}", queued_tokens=stuck) for i in range(2)}}
+    first = rising.tick(100.0, fpm=crowd)
+    assert first.replicas is not None and first.replicas["prefill"] > 2  # ordered: now open
+    assert first.diagnostics["roles"]["prefill"]["stuck_tokens"] > 0  # before the order
+    assert "prefill" in rising.state.orders
+    second = rising.tick(100.0, fpm=crowd, ready={"prefill": 2})
+    assert second.diagnostics["roles"]["prefill"]["stuck_tokens"] == 0.0
 
 
 def test_max_num_seqs_caps_the_decode_batch(h200: PerfModel) -> None:

@@ -53,6 +53,7 @@ import numpy as np
 
 from app.core.perf.interpolation import PerfModel
 from app.core.sla import quiet
+from app.core.sla.backlog import backlog_growth, drainable_tokens
 from app.core.sla.capacity import (
     LengthMix,
     PrefillSizing,
@@ -371,9 +372,8 @@ def _wishes(
     draining_tokens_s = 0.0
     if "prefill" in settings.bounds:
         # The prompts queued now must be cleared too, by the time more engines could serve.
-        queued = (
-            sum(r.queued.sum_prefill_tokens for r in inp.fpm.get("prefill", {}).values()) if with_held else 0
-        )
+        records = inp.fpm.get("prefill", {}).values() if with_held else ()
+        queues = [r.queued.sum_prefill_tokens for r in records]
         drain_s = max(lead_s, settings.level_window_s)
 
         def size(backlog_tokens: float) -> PrefillSizing:
@@ -389,11 +389,18 @@ def _wishes(
                 correction=state.correction,
             )
 
-        sizing = size(queued)
-        growing = _backlog_growth(demand, inp, state, settings, lead_s, queued, sizing.capacity_tokens_s)
+        queued = sum(queues)
+        sizing = size(queued)  # the capacity per engine does not depend on the backlog
+        # While an order is open the queue is also the first sign of a rise the level lags
+        # behind, and counts whole; once the engines ordered serve, what is left is stuck.
+        opened = "prefill" in state.orders
+        drainable = queued if opened else drainable_tokens(queues, sizing.capacity_tokens_s, drain_s)
+        if drainable < queued:
+            sizing = size(drainable)
+        growing = backlog_growth(demand, inp, state, settings, lead_s, queued, sizing.capacity_tokens_s)
         if growing > 0:
-            sizing = size(queued + growing)
-        backlog_rate = (queued + growing) / drain_s
+            sizing = size(drainable + growing)
+        backlog_rate = (drainable + growing) / drain_s
         draining_tokens_s = backlog_rate if growing > 0 else 0.0
         wish["prefill"] = settings.bounds["prefill"].clamp(sizing.engines)
         rate = (demand.token_rate_s + backlog_rate) / demand.mix.mean if demand.mix.mean > 0 else 0.0
@@ -405,6 +412,7 @@ def _wishes(
             "service_s": round(sizing.service_s, 3),
             "capacity_tokens_s": round(sizing.capacity_tokens_s, 1),
             "queued_tokens": queued,
+            "stuck_tokens": round(queued - drainable, 1),
             "backlog_growth_tokens": round(growing, 1),
             "backlog_tokens_s": round(backlog_rate, 1),
             "meets_target": sizing.meets_target,
@@ -458,35 +466,6 @@ def _wishes(
             "held_context_tokens": round(held_context, 1) if held_context is not None else None,
         }
     return wish, diag
-
-
-def _backlog_growth(
-    demand: Demand,
-    inp: SlaInput,
-    state: SlaState,
-    settings: SlaSettings,
-    lead_s: float,
-    queued_tokens: float,
-    capacity_tokens_s: float,
-) -> float:
-    """The prompt tokens the queue will still gain before engines ordered now can serve: arrivals
-    beyond the ready engines' saturated capacity until the open order is due, beyond the ordered
-    count's after that. Engines ordered on the queue seen now arrive a lead later to a queue that
-    grew all that lead, and requests are routed on arrival, so every later request waits behind
-    it (a flash crowd on the two engines it found). Only while the engines' own queue shows they
-    are behind (over a TTFT target's work per ready engine): a model that underrates the engines
-    must not order for a queue that does not exist."""
-    ready = inp.ready.get("prefill", 0)
-    behind_tokens = max(ready, 1) * capacity_tokens_s * settings.ttft_target_ms / 1000
-    if capacity_tokens_s <= 0 or queued_tokens <= behind_tokens:
-        return 0.0
-    arriving = demand.request_rate_s * demand.isl
-    expected = max(inp.expected.get("prefill", ready), ready)
-    order = state.orders.get("prefill")
-    due_s = min(lead_s, max(0.0, order[0] + lead_s - inp.now_s)) if order is not None else 0.0
-    before = max(0.0, arriving - ready * capacity_tokens_s) * due_s
-    after = max(0.0, arriving - expected * capacity_tokens_s) * (lead_s - due_s)
-    return before + after
 
 
 def _held_context(inp: SlaInput) -> float | None:
