@@ -48,6 +48,7 @@ def settings(model: PerfModel, *, enabled: bool = True, minimum: int = 0, **over
         chunk_tokens=8192,
         max_kv_tokens=model.decode.max_kv_tokens,
         trend=False,
+        startup_estimate_s=120.0,  # the scenarios' lead until measured (the default reads 300)
         scale_to_zero=ScaleToZero(enabled=enabled, quiet_s=QUIET_S),
     )
     return base.model_copy(update=overrides)

@@ -65,6 +65,7 @@ def settings_for(model: PerfModel, roles: tuple[Role, ...], **overrides: object)
         chunk_tokens=CHUNK,
         max_kv_tokens=model.decode.max_kv_tokens,
         trend=False,
+        startup_estimate_s=120.0,  # the scenarios' lead until measured (the default reads 300)
     )
     return base.model_copy(update=overrides)
 

@@ -75,7 +75,10 @@ class SlaTuning(BaseModel):
         description="the scale-down window in measured scaling latencies if longer than scale_down_window_s",
     )
     startup_estimate_s: float = Field(
-        default=120.0, ge=0, description="how long ordered engines take to serve, until it is measured"
+        default=300.0,
+        ge=0,
+        description="how long ordered engines take to serve, until it is measured (read long: a first "
+        "ramp read short is lost, one read long costs headroom until the first order serves)",
     )
     trend: bool = Field(default=True, description="forecast one lead ahead (headroom and ramp)")
     history_s: float = Field(
