@@ -539,7 +539,7 @@ def test_learned_prefill_iterations_and_the_backlog_enter_the_prefill_wish(h200:
     assert prefill["stuck_tokens"] == round(6_000_000 - own, 1) == 1_304_911.7
     assert prefill["capacity_tokens_s"] == round(capacity, 1)
     assert result.replicas == {"prefill": expected}
-    # 90,000 tokens/s: 3 engines; the traffic alone (40,000 tokens/s) would need 2.
+    # 80,000 tokens/s: 3 engines; the traffic alone (40,000 tokens/s) would need 2.
     no_queue = prefill_wish(h200, settings, 100.0 / TICK_S * ISL, mix, 1.0, cost=learned)
     assert (expected, no_queue) == (3, 2)
 
@@ -639,15 +639,19 @@ def test_a_queue_stuck_on_its_engines_orders_no_engine_that_cannot_take_it(h200:
     assert (alone, wish, everything) == (2, 4, 25)
 
     # While an order is open, the queue is also the first sign of a rise the level lags behind
-    # (a crowd's first seconds on the engines it found), and it counts whole.
+    # (a crowd's first seconds on the engines it found), and it counts whole. The first tick
+    # has no order open: the arrivals' 2 engines and the 2 busy with their queues. Its order
+    # open, the next tick sizes for the whole queue, as `everything` above.
     rising = Run(h200, settings, expected={"prefill": 2}, ready={"prefill": 2})
     crowd = {"prefill": {(f"p{i}", 0): prefill_record(h200, f"p{i}", queued_tokens=stuck) for i in range(2)}}
     first = rising.tick(100.0, fpm=crowd)
-    assert first.replicas is not None and first.replicas["prefill"] > 2  # ordered: now open
-    assert first.diagnostics["roles"]["prefill"]["stuck_tokens"] > 0  # before the order
+    assert first.replicas == {"prefill": wish}
+    own = mix_capacity(rising.state.latency.prefill, mix) * lead_s  # type: ignore[union-attr]
+    assert first.diagnostics["roles"]["prefill"]["stuck_tokens"] == round(2 * (stuck - own), 1)
     assert "prefill" in rising.state.orders
     second = rising.tick(100.0, fpm=crowd, ready={"prefill": 2})
     assert second.diagnostics["roles"]["prefill"]["stuck_tokens"] == 0.0
+    assert second.replicas == {"prefill": everything}
 
 
 def test_max_num_seqs_caps_the_decode_batch(h200: PerfModel) -> None:
