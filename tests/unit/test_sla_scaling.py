@@ -598,7 +598,12 @@ def test_a_crowd_on_too_few_engines_orders_for_the_backlog_the_lead_will_add(h20
     calm = Run(h200, settings, expected={"prefill": 2, "decode": 2})
     short = calm.tick(crowd, fpm=fpm(10_000))
     assert short.diagnostics["roles"]["prefill"]["backlog_growth_tokens"] == 0.0
-    assert short.diagnostics["roles"]["decode"]["backlog_in_flight"] == 0.0
+    # Decode still takes what that queue's drain sends it: 10,000 tokens over the lead.
+    short_flight = decode_concurrency(
+        request_rate_s=10_000 / lead_s / ISL, osl_tokens=OSL, itl_target_ms=settings.itl_target_ms
+    )
+    assert short.diagnostics["roles"]["decode"]["backlog_in_flight"] == pytest.approx(short_flight, abs=0.1)
+    assert short_flight < 0.5
 
 
 def test_a_queue_stuck_on_its_engines_orders_no_engine_that_cannot_take_it(h200: PerfModel) -> None:
@@ -1040,8 +1045,9 @@ def test_a_nothing_goes_down_until_the_headroom_is_learned(h200: PerfModel) -> N
 def test_a_the_growth_headroom_learns_from_pairs_that_started_near_the_level_now(h200: PerfModel) -> None:
     """A square wave between 100 and 200 with a 240 s period: within 120 s (one lead) of a
     trough level the traffic reaches 200 (x2); within 120 s of a peak level it never exceeds
-    that peak (x1). The whole history's 0.9 quantile says x2 wherever the traffic stands; the
-    pairs that started near the level now say x2 in a trough and x1 at a peak. The regression
+    that peak (x1). The whole history's 0.9 quantile says x2 in a trough; at a peak the trough's
+    pairs count the 200 they reached, x1 of the level now, so it says x1 there too. The pairs that
+    started near the level now say x2 in a trough and x1 at a peak. The regression
     on the level says x1 at a peak too; in the trough its line reads x2, but it is capped at the
     way back to the median level, and here the median is the trough's own 100 (8 of the 15
     half-periods kept): the neighbours' x2 is what counts there."""
@@ -1057,10 +1063,28 @@ def test_a_the_growth_headroom_learns_from_pairs_that_started_near_the_level_now
     assert (trough[-1][1], peak[-1][1]) == (100.0, 200.0)
     everything = settings.model_copy(update={"growth_neighbour_share": 1.0, "growth_regression": False})
     assert growth_of(trough, lead_s, everything) == ((2.0, 2.0), (2.0, 2.0), None)
-    assert growth_of(peak, lead_s, everything) == ((2.0, 2.0), (2.0, 2.0), None)
+    assert growth_of(peak, lead_s, everything) == ((1.0, 1.0), (1.0, 1.0), None)
     assert (settings.growth_neighbour_share, settings.growth_regression) == (0.3, True)
     assert growth_of(trough, lead_s, settings) == ((2.0, 2.0), (2.0, 2.0), (1.0, 1.0))
     assert growth_of(peak, lead_s, settings) == ((1.0, 1.0), (1.0, 1.0), (1.0, 1.0))
+
+
+def test_a_crowd_seen_from_below_forecasts_its_own_peak_not_its_ratio_from_above(h200: PerfModel) -> None:
+    """Ten minutes at 40, then a crowd at 400. Of the pairs that started at 40, the last lead's
+    worth saw the crowd: x10 at the 0.9 quantile. Read at 40 that forecasts the crowd, 400; read at
+    400, during the crowd, the same pairs say the traffic went to 400 (their peak over the level
+    now, x1), not to 4,000. Before, every engine count was sized for ten crowds."""
+    settings = settings_for(
+        h200, ("prefill",), trend=True, growth_neighbour_share=1.0, growth_regression=False
+    )
+    lead_s = settings.startup_estimate_s
+    times = np.arange(0.0, 900.0, TICK_S)
+    levels = [400.0 if t >= 600.0 else 40.0 for t in times]
+    crowd = deque((t, level, level / 10) for t, level in zip(times, levels, strict=True))
+    assert growth_of(crowd, lead_s, settings) == ((1.0, 1.0), (1.0, 1.0), None)
+    before = deque(h for h in crowd if h[0] < 700.0)
+    before.append((700.0, 40.0, 4.0))  # the level back at 40: the crowd forecast again
+    assert growth_of(before, lead_s, settings) == ((10.0, 10.0), (10.0, 10.0), None)
 
 
 def test_a_the_headroom_is_the_peak_within_the_lead_not_the_level_at_its_end(h200: PerfModel) -> None:

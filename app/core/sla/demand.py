@@ -219,7 +219,9 @@ def _growth_quantiles(
     - **neighbours**: the empirical quantile among the pairs that started nearest the level now
       (`growth_neighbour_share` of them, at least `growth_min_points`, nearest by ratio). From a
       trough traffic tends to climb, from a peak to fall: a quantile over the whole history is
-      too thin in a trough and too wide at a peak, where the engines are many.
+      too thin in a trough and too wide at a peak, where the engines are many. A pair that
+      started below the level now counts the peak it reached over the level now (at least 1)
+      where that is less than its own ratio.
     - **regression** (`growth_regression`): a linear quantile regression of the log growth on the
       log of the level over the history's geometric mean, read at the level now. It pools every
       pair, so it sees the pull back towards the usual level in a trough the history has no
@@ -245,10 +247,15 @@ def _growth_quantiles(
             continue
         log_growth = np.log(peaks[pairs] / base[pairs])
         log_level = np.log(base[pairs])
-        near = log_growth
+        # A pair that started below the level now says how high the traffic went, not that it
+        # would rise by the same factor from higher up: read at 400 req/s, a x10 crowd seen
+        # from 40 forecasts 400, not 4,000.
+        from_peak = np.maximum(0.0, np.log(peaks[pairs] / now))
+        reached = np.where(log_level < math.log(now), np.minimum(log_growth, from_peak), log_growth)
+        near = reached
         if settings.growth_neighbour_share < 1:
             keep = max(settings.growth_min_points, int(settings.growth_neighbour_share * len(near)))
-            near = log_growth[np.argsort(np.abs(log_level - math.log(now)), kind="stable")[:keep]]
+            near = reached[np.argsort(np.abs(log_level - math.log(now)), kind="stable")[:keep]]
         neighbours.append(max(1.0, math.exp(float(np.quantile(near, settings.growth_quantile)))))
         predicted = usual = 0.0  # with the regression off: x1, which the neighbours outvote
         if settings.growth_regression:

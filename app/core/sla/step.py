@@ -26,8 +26,8 @@ engine's latest forward pass (FPM) and the ready counts. Then, per role:
    burstiness is the index of dispersion of the per-tick request counts.
 4. **Wish**: engines for that demand (`app/core/sla/capacity.py`): prefill for the TTFT target
    including queueing (bursts and the prompt-length mix) and the prompts queued now, plus, while
-   the engines are behind, what that queue gains before engines ordered now serve (decode then
-   also takes the prompts the drain sends it: `_backlog_growth`); decode for
+   the engines are behind, what that queue gains before engines ordered now serve
+   (`backlog_growth`); decode takes the prompts the queue's drain sends it too; decode for
    the ITL target by Little's law at the `decode_peak_quantile` of the requests in flight,
    against the largest batch meeting `decode_itl_margin` × the target (at the context the
    engines hold, when longer); decode also for the requests the engines actually hold or queue
@@ -391,9 +391,11 @@ def _wishes(
 
         queued = sum(queues)
         sizing = size(queued)  # the capacity per engine does not depend on the backlog
-        # While an order is open the queue is also the first sign of a rise the level lags
-        # behind, and counts whole; once the engines ordered serve, what is left is stuck.
-        opened = "prefill" in state.orders
+        # While engines are on their way the queue is also the first sign of a rise the level
+        # lags behind, and counts whole; once the engines ordered serve, what is left is stuck.
+        # Read from the counts, not from the order the lead is measured by: that one keeps its
+        # first count (2 engines, met long before the crowd's 20 have arrived).
+        opened = inp.expected.get("prefill", 0) > inp.ready.get("prefill", 0)
         drainable = queued if opened else drainable_tokens(queues, sizing.capacity_tokens_s, drain_s)
         if drainable < queued:
             sizing = size(drainable)
@@ -401,7 +403,7 @@ def _wishes(
         if growing > 0:
             sizing = size(drainable + growing)
         backlog_rate = (drainable + growing) / drain_s
-        draining_tokens_s = backlog_rate if growing > 0 else 0.0
+        draining_tokens_s = backlog_rate
         wish["prefill"] = settings.bounds["prefill"].clamp(sizing.engines)
         rate = (demand.token_rate_s + backlog_rate) / demand.mix.mean if demand.mix.mean > 0 else 0.0
         diag["prefill"] = {
@@ -435,8 +437,9 @@ def _wishes(
                 profile_decode_floor(model, state.scale.get("decode", 1.0)) if model is not None else None
             ),
         )
-        # While prefill is behind (a backlog growing: `_backlog_growth`), the prompts it drains
-        # reach decode on top of the arrivals, at the rate prefill is sized to drain them.
+        # The prompts prefill drains from its queue reach decode on top of the arrivals, at the
+        # rate prefill is sized to drain them: a queue stuck on its engines still sends decode
+        # what those engines clear (a crowd's two first engines, some 750 requests in flight).
         in_flight = demand.in_flight + (
             decode_concurrency(
                 request_rate_s=draining_tokens_s / demand.isl,
