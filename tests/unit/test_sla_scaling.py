@@ -1045,9 +1045,9 @@ def test_a_nothing_goes_down_until_the_headroom_is_learned(h200: PerfModel) -> N
 def test_a_the_growth_headroom_learns_from_pairs_that_started_near_the_level_now(h200: PerfModel) -> None:
     """A square wave between 100 and 200 with a 240 s period: within 120 s (one lead) of a
     trough level the traffic reaches 200 (x2); within 120 s of a peak level it never exceeds
-    that peak (x1). The whole history's 0.9 quantile says x2 in a trough; at a peak the trough's
-    pairs count the 200 they reached, x1 of the level now, so it says x1 there too. The pairs that
-    started near the level now say x2 in a trough and x1 at a peak. The regression
+    that peak (x1). The whole history's 0.9 quantile says x2 wherever the traffic stands (the
+    trough is not more than x2 below the peak: its pairs say how the traffic grows); the
+    pairs that started near the level now say x2 in a trough and x1 at a peak. The regression
     on the level says x1 at a peak too; in the trough its line reads x2, but it is capped at the
     way back to the median level, and here the median is the trough's own 100 (8 of the 15
     half-periods kept): the neighbours' x2 is what counts there."""
@@ -1063,7 +1063,7 @@ def test_a_the_growth_headroom_learns_from_pairs_that_started_near_the_level_now
     assert (trough[-1][1], peak[-1][1]) == (100.0, 200.0)
     everything = settings.model_copy(update={"growth_neighbour_share": 1.0, "growth_regression": False})
     assert growth_of(trough, lead_s, everything) == ((2.0, 2.0), (2.0, 2.0), None)
-    assert growth_of(peak, lead_s, everything) == ((1.0, 1.0), (1.0, 1.0), None)
+    assert growth_of(peak, lead_s, everything) == ((2.0, 2.0), (2.0, 2.0), None)
     assert (settings.growth_neighbour_share, settings.growth_regression) == (0.3, True)
     assert growth_of(trough, lead_s, settings) == ((2.0, 2.0), (2.0, 2.0), (1.0, 1.0))
     assert growth_of(peak, lead_s, settings) == ((1.0, 1.0), (1.0, 1.0), (1.0, 1.0))
@@ -1073,7 +1073,8 @@ def test_a_crowd_seen_from_below_forecasts_its_own_peak_not_its_ratio_from_above
     """Ten minutes at 40, then a crowd at 400. Of the pairs that started at 40, the last lead's
     worth saw the crowd: x10 at the 0.9 quantile. Read at 40 that forecasts the crowd, 400; read at
     400, during the crowd, the same pairs say the traffic went to 400 (their peak over the level
-    now, x1), not to 4,000. Before, every engine count was sized for ten crowds."""
+    now, x1), not to 4,000: they started more than x2 below it. Before, every engine count was
+    sized for ten crowds."""
     settings = settings_for(
         h200, ("prefill",), trend=True, growth_neighbour_share=1.0, growth_regression=False
     )
@@ -1085,6 +1086,10 @@ def test_a_crowd_seen_from_below_forecasts_its_own_peak_not_its_ratio_from_above
     before = deque(h for h in crowd if h[0] < 700.0)
     before.append((700.0, 40.0, 4.0))  # the level back at 40: the crowd forecast again
     assert growth_of(before, lead_s, settings) == ((10.0, 10.0), (10.0, 10.0), None)
+    # At 60, within x2 of the pairs' 40, their ratio is how this traffic grows: x10 still.
+    near = deque(before)
+    near[-1] = (700.0, 60.0, 6.0)
+    assert growth_of(near, lead_s, settings) == ((10.0, 10.0), (10.0, 10.0), None)
 
 
 def test_a_the_headroom_is_the_peak_within_the_lead_not_the_level_at_its_end(h200: PerfModel) -> None:

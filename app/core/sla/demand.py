@@ -18,6 +18,11 @@ from app.core.sla.types import Demand, Growth, TrafficSample
 
 _DISPERSION_MIN_TICKS = 6
 _QUANTREG_MAX_ITER = 2000
+# How far below the level now a history pair stops saying how this traffic grows and only says
+# how high it went. x1 (every pair from below) was measured and lost 2.1 points on azure-conv-x30
+# at a 300 s start-up (a rise to new highs read as x1) and 13 on flash-crowd in `prefix-cost` at
+# 120 s (docs/benchmarks.md, session 10).
+_FAR_BELOW = 2.0
 
 
 def _rates(samples: list[TrafficSample]) -> tuple[float, float, float | None, float | None]:
@@ -220,8 +225,8 @@ def _growth_quantiles(
       (`growth_neighbour_share` of them, at least `growth_min_points`, nearest by ratio). From a
       trough traffic tends to climb, from a peak to fall: a quantile over the whole history is
       too thin in a trough and too wide at a peak, where the engines are many. A pair that
-      started below the level now counts the peak it reached over the level now (at least 1)
-      where that is less than its own ratio.
+      started more than `_FAR_BELOW` (x2) below the level now counts the peak it reached over
+      the level now (at least 1) where that is less than its own ratio.
     - **regression** (`growth_regression`): a linear quantile regression of the log growth on the
       log of the level over the history's geometric mean, read at the level now. It pools every
       pair, so it sees the pull back towards the usual level in a trough the history has no
@@ -247,11 +252,13 @@ def _growth_quantiles(
             continue
         log_growth = np.log(peaks[pairs] / base[pairs])
         log_level = np.log(base[pairs])
-        # A pair that started below the level now says how high the traffic went, not that it
-        # would rise by the same factor from higher up: read at 400 req/s, a x10 crowd seen
-        # from 40 forecasts 400, not 4,000.
+        # A pair that started far below the level now says how high the traffic went, not that
+        # it would rise by the same factor from up here: read at 400 req/s, a x10 crowd seen from
+        # 40 forecasts 400, not 4,000. Nearer, the ratio is how this traffic grows (a rise to a
+        # new high keeps the growth it had on the way).
         from_peak = np.maximum(0.0, np.log(peaks[pairs] / now))
-        reached = np.where(log_level < math.log(now), np.minimum(log_growth, from_peak), log_growth)
+        far = log_level < math.log(now / _FAR_BELOW)
+        reached = np.where(far, np.minimum(log_growth, from_peak), log_growth)
         near = reached
         if settings.growth_neighbour_share < 1:
             keep = max(settings.growth_min_points, int(settings.growth_neighbour_share * len(near)))
