@@ -657,6 +657,39 @@ def test_a_queue_stuck_on_its_engines_orders_no_engine_that_cannot_take_it(h200:
     second = rising.tick(100.0, fpm=crowd, ready={"prefill": 2})
     assert second.diagnostics["roles"]["prefill"]["stuck_tokens"] == 0.0
     assert second.replicas == {"prefill": everything}
+    # The order the lead is measured by can close before the engines all serve: one placed for
+    # 2 engines keeps its count when the crowd raises the target, and closes when the second is
+    # ready. The engines still on their way (25 expected, 3 ready) keep the queue whole.
+    rising.state.orders.clear()
+    third = rising.tick(100.0, fpm=crowd, ready={"prefill": 3})
+    assert rising.expected == {"prefill": everything}
+    assert third.diagnostics["roles"]["prefill"]["stuck_tokens"] == 0.0
+    assert third.replicas == {"prefill": everything}
+
+
+def test_decode_takes_the_drain_of_a_queue_stuck_on_its_engines(h200: PerfModel) -> None:
+    """The two engines a crowd found clear their own queue at their own pace, and each prompt
+    they clear reaches decode on top of the arrivals, though nothing more is ordered for it and
+    the backlog no longer grows: decode is sized for that drain too."""
+    settings = settings_for(h200, ("prefill", "decode"))
+    stuck = 50_000_000
+    queues = [stuck, stuck] + [0] * 10
+    fpm = {
+        "prefill": {
+            (f"p{i}", 0): prefill_record(h200, f"p{i}", queued_tokens=q) for i, q in enumerate(queues)
+        },
+        **decode_fpm(h200, [100] * 6),
+    }
+    run = Run(h200, settings, expected={"prefill": 12, "decode": 6}, ready={"prefill": 12, "decode": 6})
+    result = run.tick(100.0, fpm=fpm)
+    prefill, decode = result.diagnostics["roles"]["prefill"], result.diagnostics["roles"]["decode"]
+    assert prefill["backlog_growth_tokens"] == 0.0
+    assert prefill["stuck_tokens"] > 0
+    drained = decode_concurrency(
+        request_rate_s=prefill["backlog_tokens_s"] / ISL, osl_tokens=OSL, itl_target_ms=settings.itl_target_ms
+    )
+    assert decode["backlog_in_flight"] == pytest.approx(drained, abs=0.1)
+    assert drained > 100  # two engines' worth of prompts: a decode engine's batch or more
 
 
 def test_max_num_seqs_caps_the_decode_batch(h200: PerfModel) -> None:
