@@ -20,6 +20,7 @@ from statistics import NormalDist
 
 import numpy as np
 import pytest
+from scipy import integrate
 
 from app.core.perf.interpolation import PerfModel
 from app.core.sla.capacity import (
@@ -28,6 +29,7 @@ from app.core.sla.capacity import (
     PrefillSizing,
     decode_batch_limit,
     decode_concurrency,
+    erlang_c,
     peak_concurrency,
     prefill_engines,
 )
@@ -96,6 +98,20 @@ def known_decode(slower: float = 1.0) -> DecodeCost:
     return DecodeCost(_exact(x, y))
 
 
+def _hand_waits(engines: int, rho: float, dispersion: float = 1.0) -> float:
+    """Erlang C at c ÷ D servers (at least one) and the same utilisation: by the textbook sum
+    when the count is whole, else from Erlang B's integral 1/B = a ∫ e^(−a·t) (1 + t)^s dt."""
+    servers = max(engines / max(dispersion, 1.0), 1.0)
+    offered = rho * servers
+    if servers == int(servers):
+        n = int(servers)
+        last = offered**n / math.factorial(n) * n / (n - offered)
+        return last / (sum(offered**k / math.factorial(k) for k in range(n)) + last)
+    inverse, _ = integrate.quad(lambda t: offered * math.exp(-offered * t) * (1 + t) ** servers, 0, math.inf)
+    blocked = 1 / inverse
+    return servers * blocked / (servers - offered * (1 - blocked))
+
+
 def _hand_sizing(
     cost: PrefillCost,
     *,
@@ -108,10 +124,12 @@ def _hand_sizing(
     correction: float = 1.0,
 ) -> tuple[float, float, float]:
     """(utilisation, share of servable requests missing the target, quantile wait) of `engines`
-    pooled into one M/G/1 server `engines` times as fast, written out from the formulas: engine
-    time per request `busy_s / correction` (E[S]/c, E[S²]/c², E[S²] times the arrivals' index of
-    dispersion when above 1), the Pollaczek-Khinchine mean wait, the exponential tail
-    P(W > x) = ρ·exp(−x·ρ/E[W]) at each length's budget (the target less its prefill alone)."""
+    behind one queue, written out from the formulas: engine time per request
+    `busy_s / correction`, the share that waits at all Erlang C's (the textbook sum), the mean
+    wait Allen-Cunneen's, the M/G/1 Pollaczek-Khinchine wait of the engines pooled into one
+    server `engines` times as fast (E[S]/c, E[S²]/c², E[S²] times the arrivals' index of
+    dispersion when above 1) times C/ρ, the exponential tail P(W > x) = C·exp(−x·C/E[W]) at
+    each length's budget (the target less its prefill alone)."""
     lengths = np.array([length for length, _ in mix.points])
     weights = np.array([w for _, w in mix.points])
     weights = weights / weights.sum()
@@ -121,13 +139,15 @@ def _hand_sizing(
     rho = rate * float(weights @ busy) / engines
     if rho >= 1:
         return rho, 1.0, math.inf
-    mean_wait = rate * float(weights @ busy**2) * max(dispersion, 1.0) / engines**2 / (2 * (1 - rho))
+    waits = _hand_waits(engines, rho, dispersion)
+    pooled = rate * float(weights @ busy**2) * max(dispersion, 1.0) / engines**2 / (2 * (1 - rho))
+    mean_wait = pooled * waits / rho
     servable = alone * correction <= target_ms / 1000.0
     budgets = target_ms / 1000.0 - alone[servable]
-    tails = np.where(budgets < 0, 1.0, rho * np.exp(-np.maximum(budgets, 0.0) * rho / mean_wait))
+    tails = np.where(budgets < 0, 1.0, waits * np.exp(-np.maximum(budgets, 0.0) * waits / mean_wait))
     miss = float(weights[servable] @ tails / weights[servable].sum())
     tail = 1 - quantile
-    wait = 0.0 if rho <= tail else mean_wait / rho * math.log(rho / tail)
+    wait = 0.0 if waits <= tail else mean_wait / waits * math.log(waits / tail)
     return rho, miss, wait
 
 
@@ -244,13 +264,19 @@ def test_uniform_mix_second_moment_is_the_mean_squared() -> None:
     assert LengthMix.uniform(0.0).points == ()
 
 
-def test_single_bucket_histogram_is_two_points_rescaled_to_the_mean() -> None:
-    # One bucket (0, 4096]: points at its quarter and three quarters (1024, 3072), whose mean
-    # 2048 is rescaled to the exact 2000: 1000 and 3000, half the requests each.
+def _spread(lower: float, upper: float, count: float) -> list[tuple[float, float]]:
+    """A bucket's requests as eight points evenly across it, at 1/16, 3/16, ... 15/16."""
+    return [(lower + (upper - lower) * (2 * k + 1) / 16, count / 8) for k in range(8)]
+
+
+def test_single_bucket_histogram_is_eight_points_rescaled_to_the_mean() -> None:
+    # One bucket (0, 4096]: points at 256, 768, ..., 3840, whose mean 2048 is rescaled to the
+    # exact 2000: 250, 750, ..., 3750, an eighth of the requests each.
     mix = LengthMix.from_histogram([(4096.0, 50.0)], 2000.0, 0.5)
     assert mix.mean == 2000.0
-    assert flat(mix.points) == pytest.approx([1000.0, 0.5, 3000.0, 0.5], rel=1e-12)
-    assert mix.second_moment == pytest.approx((1000.0**2 + 3000.0**2) / 2, rel=1e-12)
+    hand = [(250.0 + 500.0 * k, 0.125) for k in range(8)]
+    assert flat(mix.points) == pytest.approx(flat(hand), rel=1e-12)
+    assert mix.second_moment == pytest.approx(sum(m * m for m, _ in hand) / 8, rel=1e-12)
     # The median of (0, 4096] interpolated: 2048; above the mean, so kept.
     assert mix.quantile == pytest.approx(2048.0, rel=1e-12)
 
@@ -260,17 +286,11 @@ def test_histogram_mean_is_exact_and_points_rescale_to_it() -> None:
     mean = 1400.0
     mix = LengthMix.from_histogram(buckets, mean, 0.95)
     assert mix.mean == mean  # the frontend's exact mean, not the buckets' estimate
-    # By hand: points 250, 750 (3 requests each), 1250, 1750 (1.5 each), 2500, 3500 (0.5 each);
-    # their mean 10500/10 = 1050; every point scaled by 1400/1050 so the mean is the exact one.
+    # By hand: each bucket's points average its middle (500 × 6, 1500 × 3, 3000 × 1); their
+    # mean 10500/10 = 1050; every point scaled by 1400/1050 so the mean is the exact one.
     k = mean / 1050.0
-    hand = [
-        (250 * k, 0.3),
-        (750 * k, 0.3),
-        (1250 * k, 0.15),
-        (1750 * k, 0.15),
-        (2500 * k, 0.05),
-        (3500 * k, 0.05),
-    ]
+    raw = _spread(0.0, 1000.0, 0.6) + _spread(1000.0, 2000.0, 0.3) + _spread(2000.0, 4000.0, 0.1)
+    hand = [(m * k, w) for m, w in raw]
     assert flat(mix.points) == pytest.approx(flat(hand), rel=1e-12)
     assert sum(m * w for m, w in mix.points) == pytest.approx(mean, rel=1e-12)
     assert mix.second_moment == pytest.approx(sum(m * m * w for m, w in hand), rel=1e-12)
@@ -295,9 +315,10 @@ def test_histogram_open_last_bucket_ends_at_twice_its_lower_bound() -> None:
     mix = LengthMix.from_histogram(buckets, 1200.0, 0.95)
     # rank 9.5: 1.5 of the 2 in (1000, 2000]: 1000 + 1000 × 1.5/2 = 1750.
     assert mix.quantile == pytest.approx(1750.0, rel=1e-12)
-    # Points 250, 750 (4 each) and 1250, 1750 (1 each): raw mean 7000/10 = 700, scaled by 1200/700.
+    # Eight points across (0, 1000] (8 requests) and across (1000, 2000] (2): raw mean
+    # (500 × 8 + 1500 × 2) / 10 = 700, scaled by 1200/700.
     k = 1200.0 / 700.0
-    hand = [(250 * k, 0.4), (750 * k, 0.4), (1250 * k, 0.1), (1750 * k, 0.1)]
+    hand = [(m * k, w) for m, w in _spread(0.0, 1000.0, 0.8) + _spread(1000.0, 2000.0, 0.2)]
     assert flat(mix.points) == pytest.approx(flat(hand), rel=1e-12)
     assert mix.second_moment == pytest.approx(sum(m * m * w for m, w in hand), rel=1e-12)
 
@@ -362,38 +383,77 @@ def test_prefill_engines_is_the_smallest_count_meeting_the_target(prior: Latency
 
 
 def test_prefill_engines_out_of_reach_is_the_fewest_near_the_best_count(prior: LatencyModels) -> None:
-    # 20,000 tokens/s of 29,000-token prompts, TTFT 1 s: one prompt alone takes 0.965 s, so a
-    # request may wait at most 35 ms: that takes 19 engines, more than the 6 allowed. The answer
-    # is the fewest engines whose miss share is within one allowance (1 − quantile) of the best
-    # any allowed count gives (6), flagged.
-    cost, mix = prior.prefill, LengthMix.uniform(29_000.0)
+    # 100,000 tokens/s of 29,000-token prompts, TTFT 1 s: one prompt alone takes 0.965 s, so a
+    # request may wait at most 35 ms: only an idle engine serves it in time, and 1% missing
+    # takes 9 engines (37% busy), more than the 6 allowed. The answer is the fewest engines whose
+    # miss share is within one allowance (1 − quantile) of the best any allowed count gives (6),
+    # flagged.
+    cost, mix, rate = prior.prefill, LengthMix.uniform(29_000.0), 100_000.0
     assert cost.alone_s(29_000.0) == pytest.approx(0.96489, rel=1e-4)
-    sizing = prefill_engines(cost, token_rate_s=20_000.0, mix=mix, ttft_target_ms=1000.0, max_engines=6)
+    sizing = prefill_engines(cost, token_rate_s=rate, mix=mix, ttft_target_ms=1000.0, max_engines=6)
     misses = {
-        c: _hand_sizing(cost, token_rate_s=20_000.0, mix=mix, engines=c, target_ms=1000.0)[1]
-        for c in range(1, 7)
+        c: _hand_sizing(cost, token_rate_s=rate, mix=mix, engines=c, target_ms=1000.0)[1] for c in range(4, 7)
     }
     expected = min(c for c, m in misses.items() if m <= misses[6] + 0.01)
-    assert 1 < expected <= 6
     assert (sizing.engines, sizing.meets_target) == (expected, False)
     assert sizing.unservable_share == 0.0
-    enough = prefill_engines(cost, token_rate_s=20_000.0, mix=mix, ttft_target_ms=1000.0)
-    assert (enough.engines, enough.meets_target) == (19, True)
-    _, miss, _ = _hand_sizing(cost, token_rate_s=20_000.0, mix=mix, engines=19, target_ms=1000.0)
+    enough = prefill_engines(cost, token_rate_s=rate, mix=mix, ttft_target_ms=1000.0)
+    assert (enough.engines, enough.meets_target) == (9, True)
+    _, miss, _ = _hand_sizing(cost, token_rate_s=rate, mix=mix, engines=9, target_ms=1000.0)
     assert enough.miss_share == pytest.approx(miss, rel=1e-9) and miss <= 0.01
+    _, miss_less, _ = _hand_sizing(cost, token_rate_s=rate, mix=mix, engines=8, target_ms=1000.0)
+    assert miss_less > 0.01
+
+
+def test_erlang_c_is_the_textbook_sum_and_holds_between_whole_counts() -> None:
+    # One server: an arrival waits exactly when it is busy (ρ). Fifteen half busy: 1 in 89.
+    assert erlang_c(1, 0.5) == pytest.approx(0.5, rel=1e-12)
+    assert erlang_c(15, 7.5) == pytest.approx(_hand_waits(15, 0.5), rel=1e-9)
+    assert erlang_c(15, 7.5) == pytest.approx(0.011292, rel=1e-4)
+    # Between whole counts, Erlang B's integral form (the hand formula) and monotone in the count.
+    assert erlang_c(2.5, 1.25) == pytest.approx(_hand_waits(5, 0.5, dispersion=2.0), rel=1e-7)
+    assert erlang_c(3, 1.5) < erlang_c(2.5, 1.25) < erlang_c(2, 1.0)
+    assert (erlang_c(4, 0.0), erlang_c(4, 4.0), erlang_c(4, 5.0)) == (0.0, 1.0, 1.0)
+
+
+def test_a_prompt_that_can_barely_wait_takes_an_idle_engine_unless_arrivals_burst(
+    prior: LatencyModels,
+) -> None:
+    # 29,000-token prompts may wait 35 ms. With Poisson arrivals least-loaded routing finds an
+    # idle engine for all but those arriving while every engine is busy: 9 engines (37% busy)
+    # leave 0.5% late. Arriving in bursts of D, the engines wait like c ÷ D servers: 14 engines
+    # at D = 3, 54 at D = 30 (down to one server, where every arrival finding work waits: ρ).
+    cost, mix = prior.prefill, LengthMix.uniform(29_000.0)
+    counts = {
+        d: prefill_engines(cost, token_rate_s=100_000.0, mix=mix, ttft_target_ms=1000.0, dispersion=d)
+        for d in (1.0, 3.0, 30.0)
+    }
+    assert {d: s.engines for d, s in counts.items()} == {1.0: 9, 3.0: 14, 30.0: 54}
+    for d, sizing in counts.items():
+        _, miss, _ = _hand_sizing(
+            cost, token_rate_s=100_000.0, mix=mix, engines=sizing.engines, target_ms=1000.0, dispersion=d
+        )
+        assert sizing.miss_share == pytest.approx(miss, rel=1e-6) and miss <= 0.01
+        _, miss_less, _ = _hand_sizing(
+            cost, token_rate_s=100_000.0, mix=mix, engines=sizing.engines - 1, target_ms=1000.0, dispersion=d
+        )
+        assert miss_less > 0.01
 
 
 def test_out_of_reach_reports_the_miss_share_of_the_count_it_returns(prior: LatencyModels) -> None:
-    cost, mix = prior.prefill, LengthMix.uniform(29_000.0)
-    sizing = prefill_engines(cost, token_rate_s=20_000.0, mix=mix, ttft_target_ms=1000.0, max_engines=6)
-    _, miss, _ = _hand_sizing(cost, token_rate_s=20_000.0, mix=mix, engines=sizing.engines, target_ms=1000.0)
-    # The share reported is the returned count's; 1 engine would leave 65% missing, 6 leave 7.5%.
+    cost, mix, rate = prior.prefill, LengthMix.uniform(29_000.0), 100_000.0
+    sizing = prefill_engines(cost, token_rate_s=rate, mix=mix, ttft_target_ms=1000.0, max_engines=6)
+    _, miss, _ = _hand_sizing(cost, token_rate_s=rate, mix=mix, engines=sizing.engines, target_ms=1000.0)
+    # The share reported is the returned count's; 4 engines (the utilisation bound) would leave
+    # 62% missing, 6 leave 12%.
     assert sizing.miss_share == pytest.approx(miss, rel=1e-9)
-    _, miss_at_one, _ = _hand_sizing(cost, token_rate_s=20_000.0, mix=mix, engines=1, target_ms=1000.0)
-    assert miss_at_one == pytest.approx(0.6494, rel=1e-3)
-    _, miss_at_max, _ = _hand_sizing(cost, token_rate_s=20_000.0, mix=mix, engines=6, target_ms=1000.0)
-    assert miss_at_max == pytest.approx(0.0752, rel=1e-2)
-    assert miss_at_max <= sizing.miss_share <= miss_at_max + 0.01
+    _, miss_at_four, _ = _hand_sizing(cost, token_rate_s=rate, mix=mix, engines=4, target_ms=1000.0)
+    assert miss_at_four == pytest.approx(0.6236, rel=1e-3)
+    _, miss_at_max, _ = _hand_sizing(cost, token_rate_s=rate, mix=mix, engines=6, target_ms=1000.0)
+    assert miss_at_max == pytest.approx(0.1212, rel=1e-2)
+    # 5 engines leave 29%, more than one allowance above the best: the answer is 6 itself.
+    assert sizing.engines == 6
+    assert sizing.miss_share == pytest.approx(miss_at_max, rel=1e-9)
 
 
 def test_prefill_engines_never_plans_past_the_utilisation_cap(prior: LatencyModels) -> None:

@@ -585,16 +585,19 @@ def test_a_gap_older_than_all_learned_ones_falls_back_to_the_prior(h200: PerfMod
 
 # --- an unservable prompt -------------------------------------------------------------------------
 
-# 90% of the prompts in (0, 4096], 10% in (4096, 98304]: points at 1024 and 3072 (45% each),
-# 27,648 and 74,752 (5% each), whose mean is exactly 6963.2 (no rescaling).
+# 90% of the prompts in (0, 4096], 10% in (4096, 98304]: eight points evenly across each, 256,
+# 768, ..., 3840 (11.25% each) and 9,984, 21,760, ..., 92,416 (1.25% each), whose mean is exactly
+# 6963.2 (no rescaling).
 UNSERVABLE_MIX: tuple[Bucket, ...] = ((4096.0, 90.0), (98304.0, 10.0))
 UNSERVABLE_MEAN = 6963.2
 
 
 def hand_miss(cost: PrefillCost, mix: LengthMix, token_rate_s: float, engines: int, target_s: float) -> float:
-    """The share of the servable requests missing the target at `engines`, written out: M/G/1
-    pooled over the engines with every prompt's engine time (the unservable ones still load the
-    engines), the exponential tail at each servable length's budget."""
+    """The share of the servable requests missing the target at `engines`, written out: the
+    share waiting at all Erlang C's (the textbook sum; Poisson arrivals), the wait's scale the
+    M/G/1 wait pooled over the engines times C/ρ, with every prompt's engine time (the
+    unservable ones still load the engines), the exponential tail at each servable length's
+    budget."""
     lengths = np.array([length for length, _ in mix.points])
     weights = np.array([w for _, w in mix.points])
     busy = np.array([cost.busy_s(length) for length in lengths])
@@ -603,9 +606,12 @@ def hand_miss(cost: PrefillCost, mix: LengthMix, token_rate_s: float, engines: i
     rho = rate * float(weights @ busy) / engines
     if rho >= 1:
         return 1.0
-    mean_wait = rate * float(weights @ busy**2) / engines**2 / (2 * (1 - rho))
+    offered = rho * engines
+    last = offered**engines / math.factorial(engines) * engines / (engines - offered)
+    waits = last / (sum(offered**k / math.factorial(k) for k in range(engines)) + last)
+    mean_wait = rate * float(weights @ busy**2) / engines**2 / (2 * (1 - rho)) * waits / rho
     servable = alone <= target_s
-    tails = rho * np.exp(-(target_s - alone[servable]) * rho / mean_wait)
+    tails = waits * np.exp(-(target_s - alone[servable]) * waits / mean_wait)
     return float(weights[servable] @ tails / weights[servable].sum())
 
 
@@ -613,21 +619,24 @@ def test_an_unservable_share_is_counted_and_left_out(h200: PerfModel) -> None:
     settings = settings_for(h200, ("prefill",), ttft_target_ms=2000.0, bounds={"prefill": RoleBounds(1, 100)})
     cost = prior_of(h200, settings).prefill
     mix = LengthMix.from_histogram(list(UNSERVABLE_MIX), UNSERVABLE_MEAN, settings.quantile)
-    assert [round(length) for length, _ in mix.points] == [1024, 3072, 27648, 74752]
-    # A 74,752-token prompt takes 3.3 s alone; the longest that fits in 2 s is 46,208 tokens.
-    assert cost.alone_s(74_752) > 2.0 > cost.alone_s(27_648)
+    assert [round(length) for length, _ in mix.points] == [256 + 512 * k for k in range(8)] + [
+        9984 + 11776 * k for k in range(8)
+    ]
+    # A 57,088-token prompt takes more than 2 s alone; the longest that fits is 46,208 tokens:
+    # the top four points of the long bucket, 5% of the requests, are unservable.
+    assert cost.alone_s(57_088) > 2.0 > cost.alone_s(45_312)
     rate = 100_000.0  # prompt tokens/s: 14.4 req/s
     sizing = prefill_engines(cost, token_rate_s=rate, mix=mix, ttft_target_ms=2000.0, max_engines=100)
     assert sizing.longest_servable_tokens == 46208
     assert sizing.unservable_share == pytest.approx(0.05, rel=1e-9)
     assert sizing.meets_target is True
     # The count is what the servable 95% need: the first at which at most 1% of them miss.
-    assert sizing.engines == 9
+    assert sizing.engines == 8
     assert (
-        sizing.miss_share == pytest.approx(hand_miss(cost, mix, rate, 9, 2.0), rel=1e-9)
+        sizing.miss_share == pytest.approx(hand_miss(cost, mix, rate, 8, 2.0), rel=1e-9)
         and sizing.miss_share <= 0.01
     )
-    assert hand_miss(cost, mix, rate, 8, 2.0) > 0.01
+    assert hand_miss(cost, mix, rate, 7, 2.0) > 0.01
     # Counted in, the 5% that can only miss would exceed the 1% allowed at any count: the
     # search would run to max_replicas.
     assert sizing.unservable_share > 1 - settings.quantile
@@ -638,7 +647,7 @@ def test_an_unservable_share_is_counted_and_left_out(h200: PerfModel) -> None:
     for _ in range(12):
         result = run.tick(per_tick, isl=UNSERVABLE_MEAN, buckets=UNSERVABLE_MIX)
     prefill = result.diagnostics["roles"]["prefill"]
-    assert result.replicas == {"prefill": 9}
+    assert result.replicas == {"prefill": 8}
     assert prefill["unservable_share"] == 0.05
     assert prefill["unservable_rate_s"] == round(0.05 * rate / UNSERVABLE_MEAN, 3)
     assert prefill["longest_servable_tokens"] == 46208

@@ -738,16 +738,17 @@ def test_c_a_long_prompt_mix_needs_more_prefill_than_its_mean_suggests(h200: Per
     # Pinned on the H200 prior: 40,000 tokens/s of 2000-token prompts need the cap's 2 at
     # 36,231 tokens/s per engine (the old formula's 48,191 needed 1); the long mix needs 4 (3).
     assert (uniform_engines, mix_sizing.engines) == (2, 4)
-    # Of the mix's points (two per bucket, rescaled to the mean 2000 by 2000/1971.2), the
-    # longest, 57344 × 1.0146 = 58,182 tokens, takes longer than the 2 s target alone (the
-    # longest servable is 46,208): its 1.5% are unservable and left out of the count.
+    # Of the mix's points (eight across each bucket, rescaled to the mean 2000 by 2000/1971.2),
+    # the top five of (32768, 65536], from 47104 × 1.0146 = 47,792 tokens up, take longer than
+    # the 2 s target alone (the longest servable is 46,208): 5/8 of its 3%, 1.875%, are
+    # unservable and left out of the count.
     assert mix_sizing.longest_servable_tokens == 46208
-    assert mix_sizing.unservable_share == pytest.approx(0.015, rel=1e-12)
+    assert mix_sizing.unservable_share == pytest.approx(0.01875, rel=1e-12)
     assert mix_sizing.meets_target is True
     assert uniform_result.replicas == {"prefill": uniform_engines}
     assert mix_result.replicas == {"prefill": mix_sizing.engines}
-    assert mix_result.diagnostics["roles"]["prefill"]["unservable_share"] == 0.015
-    assert mix_result.diagnostics["roles"]["prefill"]["unservable_rate_s"] == round(0.015 * 20.0, 3)
+    assert mix_result.diagnostics["roles"]["prefill"]["unservable_share"] == round(0.01875, 4)
+    assert mix_result.diagnostics["roles"]["prefill"]["unservable_rate_s"] == round(0.01875 * 20.0, 3)
     assert (
         uniform_result.diagnostics["demand"]["token_rate_s"]
         == mix_result.diagnostics["demand"]["token_rate_s"]

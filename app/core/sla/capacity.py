@@ -6,12 +6,15 @@ on its own:
 
 - **Prefill**: each prompt length L of the mix costs its engine time (`PrefillCost.busy_s`: its
   chunks alone, or sharing the fixed cost of full chunks when the engines are seen to pack
-  prompts), and its TTFT is the time it waits plus its prefill alone (`alone_s`). Routing to the
-  least-loaded engine pools the `c` engines into one queue served `c` times as fast; the
-  Pollaczek-Khinchine mean wait of that M/G/1 queue uses the second moment of the engine times
-  (a long-prompt mix needs more engines than its mean suggests), multiplied by the arrivals'
-  index of dispersion (bursts wait like fewer, larger requests: M^X/G/1), and the wait's tail is
-  the usual exponential approximation `P(W > x) ≈ ρ·exp(−x·ρ / E[W])`. The fewest engines at
+  prompts), and its TTFT is the time it waits plus its prefill alone (`alone_s`). The wait is
+  Allen-Cunneen's M/G/c approximation: routing to the least-loaded engine sends an arrival to an
+  idle engine when there is one, so only the share C that finds all `c` busy waits (Erlang C;
+  arrivals in bursts of D take D engines at once, so at c ÷ D servers, at least one); its scale
+  is the Pollaczek-Khinchine wait of the engines pooled into one M/G/1 server `c` times as fast,
+  with the second moment of the engine times (a long-prompt mix needs more engines than its
+  mean suggests) multiplied by the arrivals' index of dispersion (bursts wait like fewer,
+  larger requests: M^X/G/1), times C ÷ ρ; the tail is the usual exponential approximation
+  `P(W > x) ≈ C·exp(−x·C / E[W])`. The fewest engines at
   which at most `1 − quantile` of the servable requests wait longer than the target less their
   own prefill, at no more than `max_utilisation`. Prompts no count can serve (prefill alone above
   the target) are counted apart.
@@ -31,12 +34,17 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
+from scipy import special
 
 from app.core.perf.interpolation import PerfModel
 from app.core.sla.latency import DecodeCost, PrefillCost
 
 # (upper bound in tokens, requests) of one ISL histogram bucket; the last bound may be inf.
 Bucket = tuple[float, float]
+
+
+# Where a histogram bucket's requests are taken to lie: evenly across it.
+_BUCKET_SPREAD = tuple((k + 0.5) / 8 for k in range(8))
 
 
 @dataclass(frozen=True)
@@ -82,8 +90,8 @@ class LengthMix:
         for upper, count in buckets:
             top = upper if math.isfinite(upper) else 2 * lower
             if count > 0:
-                for f in (0.25, 0.75):
-                    raw.append((lower + (top - lower) * f, count / 2))
+                for f in _BUCKET_SPREAD:
+                    raw.append((lower + (top - lower) * f, count / len(_BUCKET_SPREAD)))
             lower = upper if math.isfinite(upper) else lower
         raw_mean = sum(m * c for m, c in raw) / total
         k = mean / raw_mean if raw_mean > 0 else 1.0
@@ -162,13 +170,15 @@ def prefill_engines(
     allowed = 1.0 - quantile
     tried: list[tuple[int, float, float, float]] = []  # (count, rho, mean wait, miss share)
     for c in range(start, max_engines + 1):
-        # Routing to the least-loaded engine pools the c engines into one server c times as
-        # fast (E[S]/c, E[S²]/c²); bursts (dispersion above 1) wait like larger requests (M^X/G/1).
+        # Allen-Cunneen: the c engines pooled into one server c times as fast (E[S]/c, E[S²]/c²;
+        # bursts, dispersion above 1, wait like larger requests: M^X/G/1) give the wait's scale,
+        # and only the share `waits` that finds no idle engine waits at all.
         rho = request_rate * mean_s / c
-        mean_wait = _mean_wait_s(request_rate, rho, second_s2 / c**2)
-        miss = float(sw @ _tail(rho, mean_wait, budgets))
+        waits = _waits(c, rho, dispersion)
+        mean_wait = _mean_wait_s(request_rate, rho, second_s2 / c**2) * (waits / rho if rho > 0 else 0.0)
+        miss = float(sw @ _tail(waits, mean_wait, budgets))
         if miss <= allowed:
-            wait_s = _wait_quantile_s(rho, mean_wait, quantile)
+            wait_s = _wait_quantile_s(waits, mean_wait, quantile)
             return PrefillSizing(c, rho, wait_s, service_s, capacity, True, miss, unservable, longest)
         tried.append((c, rho, mean_wait, miss))
     if not tried:  # the utilisation bound is above max_engines
@@ -180,8 +190,39 @@ def prefill_engines(
     # near the utilisation bound instead of max_engines.
     best = tried[-1][3]
     c, rho, mean_wait, miss = next(t for t in tried if t[3] <= best + allowed)
-    wait_s = _wait_quantile_s(rho, mean_wait, quantile) if math.isfinite(mean_wait) else math.inf
+    waits = _waits(c, rho, dispersion)
+    wait_s = _wait_quantile_s(waits, mean_wait, quantile) if math.isfinite(mean_wait) else math.inf
     return PrefillSizing(c, rho, wait_s, service_s, capacity, False, miss, unservable, longest)
+
+
+def erlang_c(servers: float, offered: float) -> float:
+    """The probability that an arrival finds all `servers` busy (Erlang C) at `offered` load
+    (arrival rate × mean service time, in servers); 1 at or beyond saturation. Erlang B by its
+    incomplete-gamma form, which holds for a count that is not whole (see `_waits`)."""
+    if offered <= 0:
+        return 0.0
+    if offered >= servers:
+        return 1.0
+    log_b = (
+        servers * math.log(offered)
+        - offered
+        - float(special.gammaln(servers + 1))
+        - math.log(float(special.gammaincc(servers + 1, offered)))
+    )
+    blocked = math.exp(log_b)
+    return servers * blocked / (servers - offered * (1 - blocked))
+
+
+def _waits(engines: int, rho: float, dispersion: float) -> float:
+    """The share of arrivals that wait at all. Least-loaded routing sends an arrival to an idle
+    engine when there is one, so with Poisson arrivals only those finding every engine busy
+    wait (Erlang C: at 15 engines 50% busy, 1 in 60, where one pooled server says 1 in 2; a
+    prompt that can barely wait is servable at a sane count). Arrivals in bursts come
+    `dispersion` at a time and take that many engines at once: the c engines wait like c ÷ D
+    servers of one burst each, down to one server (ρ: every arrival that finds work waits).
+    On Azure's conversations x30 (dispersion 25-31) that is the single server it always was."""
+    servers = max(engines / max(dispersion, 1.0), 1.0)
+    return erlang_c(servers, rho * servers)
 
 
 def _mean_wait_s(rate: float, rho: float, second_s2: float) -> float:
@@ -190,20 +231,21 @@ def _mean_wait_s(rate: float, rho: float, second_s2: float) -> float:
     return rate * second_s2 / (2 * (1 - rho))  # Pollaczek-Khinchine
 
 
-def _tail(rho: float, mean_wait: float, budgets_s: np.ndarray) -> np.ndarray:
-    """P(W > x) ≈ ρ·exp(−x·ρ / E[W]) for each budget x (1 where x < 0: it waits no matter what)."""
-    if rho >= 1 or not math.isfinite(mean_wait):
+def _tail(waits: float, mean_wait: float, budgets_s: np.ndarray) -> np.ndarray:
+    """P(W > x) ≈ C·exp(−x·C / E[W]) for each budget x, C the share that waits at all (1 where
+    x < 0: it waits no matter what)."""
+    if waits >= 1 or not math.isfinite(mean_wait):
         return np.ones_like(budgets_s)
     if mean_wait <= 0:
         return np.where(budgets_s < 0, 1.0, 0.0)
-    return np.where(budgets_s < 0, 1.0, rho * np.exp(-np.maximum(budgets_s, 0.0) * rho / mean_wait))
+    return np.where(budgets_s < 0, 1.0, waits * np.exp(-np.maximum(budgets_s, 0.0) * waits / mean_wait))
 
 
-def _wait_quantile_s(rho: float, mean_wait: float, quantile: float) -> float:
+def _wait_quantile_s(waits: float, mean_wait: float, quantile: float) -> float:
     tail = 1 - quantile
-    if rho <= tail or mean_wait <= 0:
+    if waits <= tail or mean_wait <= 0:
         return 0.0  # fewer than 1 - quantile of the requests wait at all
-    return mean_wait / rho * math.log(rho / tail)
+    return mean_wait / waits * math.log(waits / tail)
 
 
 def decode_batch_limit(
