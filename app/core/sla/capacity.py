@@ -216,7 +216,7 @@ def erlang_c(servers: float, offered: float) -> float:
 def _waits(engines: int, rho: float, dispersion: float) -> float:
     """The share of arrivals that wait at all. Least-loaded routing sends an arrival to an idle
     engine when there is one, so with Poisson arrivals only those finding every engine busy
-    wait (Erlang C: at 15 engines 50% busy, 1 in 60, where one pooled server says 1 in 2; a
+    wait (Erlang C: at 15 engines 50% busy, 1 in 89, where one pooled server says 1 in 2; a
     prompt that can barely wait is servable at a sane count). Arrivals in bursts come
     `dispersion` at a time and take that many engines at once: the c engines wait like c ÷ D
     servers of one burst each, down to one server (ρ: every arrival that finds work waits).
