@@ -168,19 +168,19 @@ def prefill_engines(
     budgets = target_s - alone[servable]
     second_s2 = float(weights @ busy**2) * max(dispersion, 1.0)
     allowed = 1.0 - quantile
-    tried: list[tuple[int, float, float, float]] = []  # (count, rho, mean wait, miss share)
+    tried: list[tuple[int, float, float, float, float]] = []  # (count, rho, waits, mean wait, miss)
     for c in range(start, max_engines + 1):
         # Allen-Cunneen: the c engines pooled into one server c times as fast (E[S]/c, E[S²]/c²;
         # bursts, dispersion above 1, wait like larger requests: M^X/G/1) give the wait's scale,
         # and only the share `waits` that finds no idle engine waits at all.
         rho = request_rate * mean_s / c
         waits = _waits(c, rho, dispersion)
-        mean_wait = _mean_wait_s(request_rate, rho, second_s2 / c**2) * (waits / rho if rho > 0 else 0.0)
+        mean_wait = _mean_wait_s(request_rate, rho, second_s2 / c**2) * waits / rho
         miss = float(sw @ _tail(waits, mean_wait, budgets))
         if miss <= allowed:
             wait_s = _wait_quantile_s(waits, mean_wait, quantile)
             return PrefillSizing(c, rho, wait_s, service_s, capacity, True, miss, unservable, longest)
-        tried.append((c, rho, mean_wait, miss))
+        tried.append((c, rho, waits, mean_wait, miss))
     if not tried:  # the utilisation bound is above max_engines
         rho = request_rate * mean_s / max_engines
         return PrefillSizing(max_engines, rho, math.inf, service_s, capacity, False, 1.0, unservable, longest)
@@ -188,9 +188,8 @@ def prefill_engines(
     # Where the load is the limit that is near max_engines; where the prompts near the longest
     # servable are (their budget to wait is all but nothing), more engines barely help, and it is
     # near the utilisation bound instead of max_engines.
-    best = tried[-1][3]
-    c, rho, mean_wait, miss = next(t for t in tried if t[3] <= best + allowed)
-    waits = _waits(c, rho, dispersion)
+    best = tried[-1][4]
+    c, rho, waits, mean_wait, miss = next(t for t in tried if t[4] <= best + allowed)
     wait_s = _wait_quantile_s(waits, mean_wait, quantile) if math.isfinite(mean_wait) else math.inf
     return PrefillSizing(c, rho, wait_s, service_s, capacity, False, miss, unservable, longest)
 
