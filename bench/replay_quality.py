@@ -71,8 +71,10 @@ from app.core.traces import TraceRequest  # noqa: E402
 from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides  # noqa: E402
 from app.sim.outputs import summarize  # noqa: E402
 from app.sim.replay import build_world, make_policy, run_policy  # noqa: E402
+from app.sim.request_table import request_table  # noqa: E402
 from app.sim.workload import WORKLOADS as WORKLOAD_BUILDERS  # noqa: E402
 from app.sim.workload import build_workload  # noqa: E402
+from bench.miss_causes import format_why, why  # noqa: E402
 
 # The matrix's workloads, in table order.
 MATRIX_WORKLOADS: tuple[str, ...] = tuple(WORKLOAD_BUILDERS)
@@ -166,9 +168,11 @@ def run_cell(
     rows = []
     for policy in policies:
         policy_cpu_started = time.process_time()
-        result = run_policy(world, make_policy(policy, world), trace_name=name)
+        runner = make_policy(policy, world)
+        result = run_policy(world, runner, trace_name=name)
         policy_cpu_s = time.process_time() - policy_cpu_started
-        s = summarize(result, truth=world.truth)
+        table = request_table(result.requests, result.ttft_target_ms, result.itl_target_ms)
+        s = summarize(result, table=table, truth=world.truth)
         rows.append(
             {
                 "workload": name,
@@ -192,6 +196,9 @@ def run_cell(
                 "oracle_compute_s": oracle_s,
             }
         )
+        if policy == "planner":
+            # Why the cell lands where it does: its misses and GPU-hours taken apart (bench/miss_causes.py).
+            rows[-1]["why"] = why(result, table, world.truth, runner.ticks)
     # CPU seconds as well as wall seconds: on a shared machine only the former predict the
     # matrix's time on idle cores.
     cell_s, cell_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
@@ -415,6 +422,9 @@ def main() -> int:
         print(world_table(rows, world, policies))
     summary = goal_summary(rows)
     print("\n" + format_summary(summary))
+    if summary["missed"]:
+        print("\nWhy the planner's missed cells miss (bench/miss_causes.py):\n")
+        print(format_why(rows, [label.split(" (")[0] for label in summary["missed"]]))
     print(f"\n{len(rows)} replays ({len(cells)} cells) in {wall_s:.0f} s with {args.workers} workers")
     out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)

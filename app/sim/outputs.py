@@ -71,25 +71,34 @@ def target_changes(timeline: Sequence[ReplicaSample]) -> tuple[dict[str, int], d
     return actions, churn
 
 
+def unservable_mask(
+    requests: Sequence[SimRequest], truth: TruthModel, *, ttft_target_ms: float, itl_target_ms: float
+) -> np.ndarray:
+    """Per request, in order: could no allocation serve it within the targets in this world? The
+    prompt alone on an idle prefill engine (`truth.prefill_request_s`, the world's chunking and
+    prefix cost included) takes longer than the TTFT target, or, for more than one output token,
+    the decode alone (batch 1, at the context the engine times it at: ISL + 1 + (OSL − 1) / 2)
+    takes longer per token than the ITL target. Their misses are the world's, not the policy's."""
+    late: dict[tuple[int, int], bool] = {}  # a trace repeats its shapes: each is timed once
+    mask = np.zeros(len(requests), dtype=bool)
+    for i, r in enumerate(requests):
+        shape = (r.isl, r.osl)
+        if shape not in late:
+            isl, osl = shape
+            prefill_ms = truth.prefill_request_s(isl) * 1000.0
+            decode_ms = truth.decode_iteration_s(isl + 1 + (osl - 1) / 2, 1) * 1000.0 if osl > 1 else 0.0
+            late[shape] = prefill_ms > ttft_target_ms or decode_ms > itl_target_ms
+        mask[i] = late[shape]
+    return mask
+
+
 def unservable_requests(
     requests: Sequence[SimRequest], truth: TruthModel, *, ttft_target_ms: float, itl_target_ms: float
 ) -> int:
-    """Requests no allocation could serve within the targets in this world: the prompt alone on
-    an idle prefill engine (`truth.prefill_request_s`, the world's chunking and prefix cost
-    included) takes longer than the TTFT target, or, for more than one output token, the decode
-    alone (batch 1, at the context the engine times it at: ISL + 1 + (OSL − 1) / 2) takes longer
-    per token than the ITL target. Their misses are the world's, not the policy's."""
-    counts: dict[tuple[int, int], int] = {}
-    for r in requests:  # a trace repeats its shapes: each distinct one is timed once
-        shape = (r.isl, r.osl)
-        counts[shape] = counts.get(shape, 0) + 1
-    unservable = 0
-    for (isl, osl), count in counts.items():
-        prefill_ms = truth.prefill_request_s(isl) * 1000.0
-        decode_ms = truth.decode_iteration_s(isl + 1 + (osl - 1) / 2, 1) * 1000.0 if osl > 1 else 0.0
-        if prefill_ms > ttft_target_ms or decode_ms > itl_target_ms:
-            unservable += count
-    return unservable
+    """How many requests no allocation could serve within the targets (`unservable_mask`)."""
+    return int(
+        unservable_mask(requests, truth, ttft_target_ms=ttft_target_ms, itl_target_ms=itl_target_ms).sum()
+    )
 
 
 def summarize(

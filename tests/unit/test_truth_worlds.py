@@ -24,7 +24,7 @@ from app.core.traces import TraceRequest
 from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
 from app.sim.engines import DecodeEngine, PrefillEngine, SimRequest
 from app.sim.oracle import decode_capacity
-from app.sim.outputs import summarize, unservable_requests
+from app.sim.outputs import summarize, unservable_mask, unservable_requests
 from app.sim.replay import build_world, load_models, make_policy, run_policy
 from app.sim.truth import PLATEAU_TOLERANCE, PREFIX_COST_MS_PER_TOKEN2, WORLDS, TruthModel
 from app.sources.profile_files import load_profile
@@ -327,6 +327,12 @@ def test_unservable_requests_are_those_too_slow_even_alone(model: PerfModel) -> 
     # Decode alone: batch 1 at ISL 1,000 takes 4.4 ms a token, above a 4 ms target.
     assert profile.decode_iteration_s(1000 + 1 + 99 / 2, 1) * 1000 == pytest.approx(4.4, abs=0.05)
     assert unservable_requests(requests, profile, ttft_target_ms=2000, itl_target_ms=4.0) == 3
+    # Per request, in order: the 40k prompt only where its prefix costs.
+    masks = [
+        unservable_mask(requests, t, ttft_target_ms=1000, itl_target_ms=30).tolist()
+        for t in (profile, prefix)
+    ]
+    assert masks == [[False, False, True, False], [False, True, True, False]]
 
 
 # --- configuration -------------------------------------------------------------------------------

@@ -1,0 +1,173 @@
+"""bench/miss_causes.py: a planner replay's misses and GPU-hours taken apart, on a hand-made
+replay whose every number is known."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.core.perf.interpolation import PerfModel
+from app.sim.cluster import ReplicaSample
+from app.sim.engines import SimRequest
+from app.sim.request_table import request_table
+from app.sim.results import OracleStep, ReplayResult
+from app.sim.truth import TruthModel
+from app.sources.profile_files import load_profile
+
+ROOT = Path(__file__).resolve().parents[2]
+H200 = ROOT / "data" / "profiles" / "h200-llama3.1-8b-fp8"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+mc = _load("miss_causes")
+
+
+@pytest.fixture(scope="module")
+def truth() -> TruthModel:
+    return TruthModel(PerfModel.from_profile(load_profile(H200)))
+
+
+def sample(at_s: float, role: str, target: int, ready: int) -> ReplicaSample:
+    return ReplicaSample(at_s, role, target, billed=target, ready=ready, starting=target - ready, draining=0)
+
+
+def served(
+    i: int, arrival_s: float, ttft_s: float, itl_s: float, isl: int = 1000, osl: int = 11
+) -> SimRequest:
+    r = SimRequest(i, arrival_s, isl, osl)
+    r.first_token_s = arrival_s + ttft_s
+    r.finish_s = r.first_token_s + itl_s * (osl - 1)
+    return r
+
+
+def replay(
+    requests: list[SimRequest], timeline: list[ReplicaSample], oracle: list[OracleStep], **kw
+) -> ReplayResult:
+    fields = dict(
+        policy="planner",
+        trace="t",
+        ttft_target_ms=1000.0,
+        itl_target_ms=30.0,
+        startup_delay_s=30.0,
+        truth_scale=1.0,
+        gpus_per_engine={"prefill": 1, "decode": 1},
+        requests=requests,
+        timeline=timeline,
+        decisions=[],
+        gpu_hours=0.0,
+        oracle_gpu_hours=0.0,
+        oracle_timeline=oracle,
+        end_s=100.0,
+        wall_s=0.0,
+    )
+    fields.update(kw)
+    return ReplayResult(**fields)
+
+
+# Prefill: 1 engine, then 2 ordered at 5 s that serve from 40 s. Decode: 1, then 2 ordered at 45 s
+# that serve from 60 s.
+TIMELINE = [
+    sample(0.0, "prefill", 1, 1),
+    sample(0.0, "decode", 1, 1),
+    sample(5.0, "prefill", 2, 1),
+    sample(40.0, "prefill", 2, 2),
+    sample(45.0, "decode", 2, 1),
+    sample(60.0, "decode", 2, 2),
+]
+
+
+def test_each_miss_is_counted_once_by_its_cause(truth: TruthModel) -> None:
+    requests = [
+        served(0, 10.0, 2.0, 0.01),  # TTFT missed while prefill's second engine started: starting
+        served(1, 50.0, 2.0, 0.01),  # TTFT missed with both engines serving: serving
+        served(2, 50.0, 0.1, 0.05),  # ITL missed from 50.1 s, decode's second engine starting: starting
+        served(3, 70.0, 0.1, 0.05),  # ITL missed at 70.1 s with both decode engines serving: serving
+        served(4, 10.0, 0.1, 0.01),  # met, while short: not a miss
+        served(5, 10.0, 2.0, 0.01, isl=60_000),  # 1.25 s alone on an idle engine: unservable
+        SimRequest(6, 80.0, 1000, 11),  # never served, both roles complete: serving
+    ]
+    result = replay(requests, TIMELINE, [])
+    table = request_table(requests, 1000.0, 30.0)
+    assert mc.miss_causes(result, table, truth) == {"unservable": 1, "starting": 2, "serving": 3}
+
+
+def test_a_miss_before_the_first_sample_is_not_read_as_short(truth: TruthModel) -> None:
+    requests = [served(0, 0.0, 2.0, 0.01)]
+    result = replay(requests, [sample(1.0, "prefill", 3, 1)], [])
+    table = request_table(requests, 1000.0, 30.0)
+    assert mc.miss_causes(result, table, truth) == {"unservable": 0, "starting": 0, "serving": 1}
+
+
+def test_cost_by_role_bills_the_oracle_up_to_its_implicit_horizon() -> None:
+    # The planner: prefill 1 engine for 5 s then 2 until 100 s (195 engine-s), decode 1 until
+    # 45 s then 2 (155 engine-s). The oracle: prefill 1 and decode 1 from 0, prefill 2 from 50 s;
+    # its 0.0875 GPU-hours (315 GPU-s) put its horizon at 50 + (315 - 100) / 3 = 121.67 s.
+    oracle = [OracleStep(0.0, {"prefill": 1, "decode": 1}), OracleStep(50.0, {"prefill": 2, "decode": 1})]
+    result = replay([], TIMELINE, oracle, oracle_gpu_hours=315.0 / 3600.0)
+    prefill_oracle_s = 50.0 + 2 * (315.0 - 100.0) / 3
+    decode_oracle_s = 50.0 + (315.0 - 100.0) / 3
+    assert prefill_oracle_s + decode_oracle_s == pytest.approx(315.0)
+    cost = mc.cost_by_role(result)
+    assert cost["prefill"] == pytest.approx(195.0 / prefill_oracle_s)
+    assert cost["decode"] == pytest.approx(155.0 / decode_oracle_s)
+    assert mc.cost_by_role(replay([], TIMELINE, [])) == {"prefill": None, "decode": None}
+
+
+def sla_record(prefill_needed: int, token_rate_s: float, level_tokens_s: float) -> dict:
+    """An SLA tick's record as `present_need` reads it, prefill only: the load now is the level
+    (`request_rate_s` × `isl_mean`) against the `token_rate_s` the wish was sized for."""
+    return {
+        "demand": {
+            "request_rate_s": level_tokens_s / 1000.0,
+            "isl_mean": 1000.0,
+            "token_rate_s": token_rate_s,
+        },
+        "roles": {"prefill": {"needed": prefill_needed, "backlog_tokens_s": 0.0}},
+    }
+
+
+def test_beyond_the_load_now_is_the_share_of_targeted_engine_seconds_above_it() -> None:
+    ticks = [
+        # 10 s at a target of 4 for a wish sized for twice the load now: 2 engines above it.
+        {"at_s": 0.0, "target": {"prefill": 4}, "sla": sla_record(4, 200_000.0, 100_000.0)},
+        # 10 s with no sizing (no traffic): left out of both sides.
+        {"at_s": 10.0, "target": {"prefill": 4}, "sla": {"reason": "no_traffic_data"}},
+        # 5 s at a target of 4 that the load now needs whole.
+        {"at_s": 20.0, "target": {"prefill": 4}, "sla": sla_record(4, 100_000.0, 100_000.0)},
+        {"at_s": 25.0, "target": {"prefill": 4}, "sla": sla_record(4, 100_000.0, 100_000.0)},
+    ]
+    assert mc.beyond_load_now(ticks, itl_target_ms=30.0) == pytest.approx((2 * 10) / (4 * 10 + 4 * 5))
+    assert mc.beyond_load_now(ticks[1:2], itl_target_ms=30.0) is None
+
+
+def test_the_table_lists_only_the_missed_planner_cells() -> None:
+    base = {
+        "world": "profile",
+        "delay_s": 30,
+        "requests": 1000,
+        "slo_attainment": 0.9,
+        "gpu_hours_over_oracle": 1.3,
+    }
+    why = {
+        "misses": {"unservable": 10, "starting": 80, "serving": 10},
+        "cost_by_role": {"prefill": 1.5, "decode": None},
+        "beyond_load_now": 0.25,
+    }
+    rows = [
+        {**base, "workload": "a", "policy": "planner", "why": why},
+        {**base, "workload": "a", "policy": "static"},
+        {**base, "workload": "b", "policy": "planner", "why": why},
+    ]
+    lines = mc.format_why(rows, ["a profile 30 s"]).splitlines()
+    assert lines[2:] == ["| a profile 30 s | 90.0% / 1.30 | 1.0% / 8.0% / 1.0% | 1.50 / – | 25% |"]
