@@ -15,21 +15,31 @@ For one replay (its result, the planner's tick records, the world it ran in):
   a quiet period's keep and the scale-down window, together.
 
 Ticks and timelines are step functions: a value holds until the next change.
+`bench/replay_quality.py` adds the breakdown to each planner row and prints it for the cells that
+miss; run alone, this prints that table again from a saved matrix:
+
+    .venv/bin/python bench/miss_causes.py [bench/results/replay_quality.json]
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from app.core.sla.value import present_need
-from app.sim.cluster import ROLES
-from app.sim.outputs import unservable_mask
-from app.sim.request_table import RequestTable
-from app.sim.results import ReplayResult
-from app.sim.truth import TruthModel
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.core.sla.value import present_need  # noqa: E402
+from app.sim.cluster import ROLES  # noqa: E402
+from app.sim.outputs import unservable_mask  # noqa: E402
+from app.sim.request_table import RequestTable  # noqa: E402
+from app.sim.results import ReplayResult  # noqa: E402
+from app.sim.truth import TruthModel  # noqa: E402
 
 
 def _role_steps(result: ReplayResult, role: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -160,3 +170,25 @@ def format_why(rows: Sequence[Mapping[str, Any]], missed: Sequence[str]) -> str:
 
 def _ratio(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
+
+
+def main(argv: Sequence[str]) -> int:
+    from bench.replay_quality import goal_summary
+
+    path = Path(argv[0]) if argv else ROOT / "bench" / "results" / "replay_quality.json"
+    if not path.exists():
+        print(f"no matrix results at {path}: run bench/replay_quality.py first")
+        return 0
+    try:
+        rows = json.loads(path.read_text())["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"{path}: not a bench/replay_quality.py result ({exc})", file=sys.stderr)
+        return 2
+    missed = goal_summary(rows)["missed"]
+    print(f"{len(missed)} planner cells miss the goal in {path}:\n")
+    print(format_why(rows, missed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -42,8 +42,10 @@ rising-decode (explicit `--delays` or `--worlds` win over it). `--scaling FIELD=
 (repeatable) overrides a field of the deployment's `scaling:` section for every cell, which is
 how the variants in docs/benchmarks.md were measured. Progress goes to stderr as cells finish;
 stdout gets one markdown table per world (rows workload x delay, one `attainment / ÷ oracle`
-column per policy), then the goal summary; bench/results/replay_quality.json (or `--out`) gets
-every row.
+column per policy), then the goal summary and, for each planner cell that misses the goal, why
+(bench/miss_causes.py: its misses by cause, its GPU-hours per role over the oracle's, the share
+held beyond the load measured now); bench/results/replay_quality.json (or `--out`) gets every
+row, the planner's with that breakdown under `why`.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ replay whose every number is known."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -171,3 +172,32 @@ def test_the_table_lists_only_the_missed_planner_cells() -> None:
     ]
     lines = mc.format_why(rows, ["a profile 30 s"]).splitlines()
     assert lines[2:] == ["| a profile 30 s | 90.0% / 1.30 | 1.0% / 8.0% / 1.0% | 1.50 / – | 25% |"]
+
+
+def test_run_alone_it_prints_the_table_from_a_saved_matrix(tmp_path: Path, capsys) -> None:
+    base = {
+        "world": "profile",
+        "delay_s": 30,
+        "requests": 100,
+        "gpu_hours_over_oracle": 1.2,
+        "gpu_hours": 1.2,
+    }
+    why = {
+        "misses": {"unservable": 0, "starting": 5, "serving": 1},
+        "cost_by_role": {},
+        "beyond_load_now": None,
+    }
+    rows = [
+        {**base, "workload": "a", "policy": "planner", "slo_attainment": 0.94, "why": why},
+        {**base, "workload": "b", "policy": "planner", "slo_attainment": 0.995, "gpu_hours_over_oracle": 1.1},
+    ]
+    saved = tmp_path / "matrix.json"
+    saved.write_text(json.dumps({"rows": rows}))
+    assert mc.main([str(saved)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"1 planner cells miss the goal in {saved}:"
+    assert out[-1] == "| a profile 30 s | 94.0% / 1.20 | 0.0% / 5.0% / 1.0% | – / – | – |"
+    assert mc.main([str(tmp_path / "missing.json")]) == 0
+    assert capsys.readouterr().out.startswith("no matrix results at")
+    saved.write_text("[]")
+    assert mc.main([str(saved)]) == 2
