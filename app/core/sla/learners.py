@@ -36,11 +36,14 @@ def update_scale(
     role: Role,
     records: Mapping[EngineKey, ForwardPassMetrics],
     settings: SlaSettings,
+    now_s: float,
 ) -> int:
-    """Fold this tick's fresh forward passes into the role's scale; returns how many were used."""
+    """Fold this tick's fresh forward passes into the role's scale (and decode's into the sums
+    of `decode_floor_scale`); returns how many were used."""
     if model is None:
         return 0
     ratios = []
+    weighted_s = [0.0, 0.0]  # decode: Σ batch × measured, Σ batch × the profile's
     for key, record in records.items():
         if state.seen.get((role, key)) is record or record.wall_time_s <= 0:
             continue
@@ -48,6 +51,16 @@ def update_scale(
         expected = _expected_s(model, role, record)
         if expected:
             ratios.append(record.wall_time_s / expected)
+            if role == "decode":
+                batch = record.scheduled.num_decode_requests
+                weighted_s[0] += batch * record.wall_time_s
+                weighted_s[1] += batch * expected
+    if weighted_s[1] > 0:
+        measured, profiled, updated_s = state.decode_floor_sums
+        fade = 1.0
+        if updated_s is not None and now_s > updated_s:
+            fade = 0.5 ** ((now_s - updated_s) / settings.latency_half_life_s)
+        state.decode_floor_sums = (fade * measured + weighted_s[0], fade * profiled + weighted_s[1], now_s)
     if ratios:
         low, high = settings.scale_bounds
         ratio = min(high, max(low, statistics.median(ratios)))
@@ -136,3 +149,17 @@ def check_busy(
         "checked": checked,
         "correction": round(state.correction, 3),
     }
+
+
+def decode_floor_scale(state: SlaState, settings: SlaSettings) -> float:
+    """The measured decode times over the profile's, each forward pass weighted by its batch and
+    faded like the latency model's records (`latency_half_life_s`): the scale of the profile's
+    shape beyond the batches seen. The tick's scale is a median of the latest passes, whatever
+    their batch; where the world's shape is not the profile's, small batches read another ratio
+    than large ones (Dynamo's mocker: 0.7-1.27 from tick to tick on one trace), and the floor
+    stands where the batches are large. Before any decode pass: the tick's scale, or 1."""
+    measured, profiled, _ = state.decode_floor_sums
+    if profiled <= 0:
+        return state.scale.get("decode", 1.0)
+    low, high = settings.scale_bounds
+    return min(high, max(low, measured / profiled))

@@ -20,6 +20,9 @@ class SlaState:
     # (t, prompt tokens per second, requests in decode at the target) of the level window
     history: deque[tuple[float, float, float]] = field(default_factory=deque)
     scale: dict[Role, float] = field(default_factory=dict)
+    # Decode's records, faded: (Σ batch × measured time, Σ batch × the profile's time, when last
+    # added). Their ratio scales the profile's shape beyond the batches seen (learners.py).
+    decode_floor_sums: tuple[float, float, float | None] = (0.0, 0.0, None)
     first_s: float | None = None
     # Scaling latency: the open scale-up orders (role -> (ordered at, count)) and the measurements.
     orders: dict[Role, tuple[float, int]] = field(default_factory=dict)
@@ -46,6 +49,7 @@ class SlaState:
             wishes=deque(self.wishes),
             history=deque(self.history),
             scale=dict(self.scale),
+            decode_floor_sums=self.decode_floor_sums,
             first_s=self.first_s,
             orders=dict(self.orders),
             lead_s=self.lead_s,

@@ -65,7 +65,7 @@ from app.core.sla.capacity import (
 )
 from app.core.sla.demand import demand_at
 from app.core.sla.latency import prior_models
-from app.core.sla.learners import check_busy, learn_latency, update_lead, update_scale
+from app.core.sla.learners import check_busy, decode_floor_scale, learn_latency, update_lead, update_scale
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState
 from app.core.sla.types import Demand, SlaInput, SlaReason, SlaResult
@@ -85,7 +85,9 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
             half_life_s=settings.latency_half_life_s,
         )
     learned = learn_latency(state, inp)
-    scales = {role: update_scale(model, state, role, records, settings) for role, records in inp.fpm.items()}
+    scales = {
+        role: update_scale(model, state, role, records, settings, now) for role, records in inp.fpm.items()
+    }
     lead_s = update_lead(state, inp, settings)
     if inp.traffic is not None and inp.traffic.duration_s > 0:
         state.samples.append(inp.traffic)
@@ -425,6 +427,7 @@ def _wishes(
         }
     if "decode" in settings.bounds:
         held_context = _held_context(inp) if with_held else None
+        floor_scale = decode_floor_scale(state, settings)
         batch = decode_batch_limit(
             state.latency.decode,
             isl_tokens=demand.isl,
@@ -433,9 +436,7 @@ def _wishes(
             max_kv_tokens=settings.max_kv_tokens,
             max_num_seqs=settings.max_num_seqs,
             held_context_tokens=held_context,
-            profile_itl_ms=(
-                profile_decode_floor(model, state.scale.get("decode", 1.0)) if model is not None else None
-            ),
+            profile_itl_ms=(profile_decode_floor(model, floor_scale) if model is not None else None),
         )
         # The prompts prefill drains from its queue reach decode on top of the arrivals, at the
         # rate prefill is sized to drain them: a queue stuck on its engines still sends decode
@@ -467,6 +468,7 @@ def _wishes(
             "backlog_in_flight": round(in_flight - demand.in_flight, 1),
             "held_now": held,
             "held_context_tokens": round(held_context, 1) if held_context is not None else None,
+            "floor_scale": round(floor_scale, 3),
         }
     return wish, diag
 
