@@ -268,6 +268,7 @@ class SlaRole(Record):
     backlog_in_flight: Num = None  # of those, the prompts prefill's backlog drain sends
     held_now: Num = None
     held_context_tokens: Num = None  # mean context of the requests decode holds now (FPM)
+    floor_scale: Num = None  # the batch-weighted measured/profile decode time the floor scales by
 
 
 class LatencyModel(Record):

@@ -265,6 +265,49 @@ def test_a_slower_world_raises_the_profile_floor_by_its_measured_scale(h200: Per
     assert result.diagnostics["roles"]["decode"]["batch_limit"] == slower
 
 
+def test_the_floor_takes_its_scale_from_the_large_batches_not_the_latest_median(h200: PerfModel) -> None:
+    """A world whose decode is not the profile's shape (Dynamo's mocker, timed from the same
+    profile, reads 0.7-1.27 of it from tick to tick): 30% slower than the profile at 4 requests,
+    30% faster at 100. The tick's scale is the median of the latest passes, whatever their batch;
+    the floor's scale weighs each pass by its batch, so it stands where batches are large and does
+    not follow an idle engine's small ones."""
+    settings = settings_for(h200, ("decode",), itl_target_ms=30.0)
+    run = Run(h200, settings, expected={"decode": 2})
+    p4, p100 = h200.decode_itl_ms(4, CONTEXT), h200.decode_itl_ms(100, CONTEXT)
+    small = decode_record("d0", 4, CONTEXT, 1.3 * p4)
+    large = decode_record("d1", 100, CONTEXT, 0.7 * p100)
+    for _ in range(8):
+        both = run.tick(100.0, isl=950.0, osl=100.0, fpm_new={"decode": [small, large]}, latest=True)
+    weighted = (4 * 1.3 * p4 + 100 * 0.7 * p100) / (4 * p4 + 100 * p100)
+    assert weighted == pytest.approx(0.706, abs=1e-3)
+    decode = both.diagnostics["roles"]["decode"]
+    assert decode["floor_scale"] == pytest.approx(weighted, abs=1e-3)
+    assert both.diagnostics["scale"]["decode"] == pytest.approx(1.0, abs=1e-3)  # the median of 1.3 and 0.7
+    # At the tick's scale (1.0) the floor held the profile's own limit, 210 (pinned above); at the
+    # large batches' 0.71 the engines are let hold more.
+    assert decode["batch_limit"] > 210
+    # Three ticks with only the idle engine's small batches: the tick's scale follows them up,
+    # the floor's barely moves, and the limit moves only as the learned line takes the small
+    # batches in (a floor at the tick's scale, above 1.15, would put it below the profile's 210).
+    limits = []
+    for _ in range(3):
+        small = decode_record("d0", 4, CONTEXT, 1.3 * p4 * (1 + 1e-9 * run.now_s))  # a fresh record
+        idle = run.tick(100.0, isl=950.0, osl=100.0, fpm_new={"decode": [small]}, latest=True)
+        limits.append(idle.diagnostics["roles"]["decode"]["batch_limit"])
+    assert idle.diagnostics["scale"]["decode"] > 1.15
+    assert idle.diagnostics["roles"]["decode"]["floor_scale"] == pytest.approx(weighted, abs=0.02)
+    assert min(limits) >= 0.95 * decode["batch_limit"]
+
+
+def test_in_the_profiles_own_world_the_floor_scale_is_one(h200: PerfModel) -> None:
+    settings = settings_for(h200, ("decode",), itl_target_ms=30.0)
+    run = Run(h200, settings, expected={"decode": 2})
+    for n in (5, 40, 90):
+        record = decode_record("d0", n, CONTEXT, h200.decode_itl_ms(n, CONTEXT))
+        result = run.tick(100.0, isl=950.0, osl=100.0, fpm_new={"decode": [record]}, latest=True)
+    assert result.diagnostics["roles"]["decode"]["floor_scale"] == pytest.approx(1.0, abs=1e-9)
+
+
 # --- prefill with and without chunk packing -------------------------------------------------------
 
 # A prefill world: a + b·T + c·T·(P + T/2)/n ms, for T tokens, P of prefix, n prompts.

@@ -1,7 +1,8 @@
 """What SLA scaling measures of the world: the engines' iteration costs (`learn_latency`, into
 app/core/sla/latency.py's models), whether prefill is as busy as those say (`check_busy`), the
-engines' speed over the profile's (`scale`, reported only) and how long ordered engines take to
-serve (`lead_s`, from its own scale-ups)."""
+engines' speed over the profile's (`scale`, reported only; decode's, weighted by batch, scales
+the profile's floor beyond the batches seen: `decode_floor_scale`) and how long ordered engines
+take to serve (`lead_s`, from its own scale-ups)."""
 
 from __future__ import annotations
 
@@ -157,9 +158,9 @@ def decode_floor_scale(state: SlaState, settings: SlaSettings) -> float:
     shape beyond the batches seen. The tick's scale is a median of the latest passes, whatever
     their batch; where the world's shape is not the profile's, small batches read another ratio
     than large ones (Dynamo's mocker: 0.7-1.27 from tick to tick on one trace), and the floor
-    stands where the batches are large. Before any decode pass: the tick's scale, or 1."""
+    stands where the batches are large. Before any decode pass: 1, the profile itself."""
     measured, profiled, _ = state.decode_floor_sums
     if profiled <= 0:
-        return state.scale.get("decode", 1.0)
+        return 1.0
     low, high = settings.scale_bounds
     return min(high, max(low, measured / profiled))
