@@ -426,7 +426,7 @@ def main() -> int:
     print("\n" + format_summary(summary))
     if summary["missed"]:
         print("\nWhy the planner's missed cells miss (bench/miss_causes.py):\n")
-        print(format_why(rows, [label.split(" (")[0] for label in summary["missed"]]))
+        print(format_why(rows, summary["missed"]))
     print(f"\n{len(rows)} replays ({len(cells)} cells) in {wall_s:.0f} s with {args.workers} workers")
     out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
