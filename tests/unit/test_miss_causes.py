@@ -152,45 +152,43 @@ def test_beyond_the_load_now_is_the_share_of_targeted_engine_seconds_above_it() 
     assert mc.beyond_load_now(ticks[1:2], itl_target_ms=30.0) is None
 
 
-def test_the_table_lists_only_the_missed_planner_cells() -> None:
-    base = {
+def cell_row(workload: str, policy: str, requests: int, attainment: float, ratio: float, why=None) -> dict:
+    """A matrix row as bench/replay_quality.py writes it, in the `profile` world at 30 s."""
+    row = {
+        "workload": workload,
         "world": "profile",
         "delay_s": 30,
-        "requests": 1000,
-        "slo_attainment": 0.9,
-        "gpu_hours_over_oracle": 1.3,
+        "policy": policy,
+        "requests": requests,
+        "slo_attainment": attainment,
+        "gpu_hours_over_oracle": ratio,
+        "gpu_hours": ratio,
     }
+    return row if why is None else {**row, "why": why}
+
+
+def test_the_table_lists_only_the_missed_planner_cells() -> None:
     why = {
         "misses": {"unservable": 10, "starting": 80, "serving": 10},
         "cost_by_role": {"prefill": 1.5, "decode": None},
         "beyond_load_now": 0.25,
     }
     rows = [
-        {**base, "workload": "a", "policy": "planner", "why": why},
-        {**base, "workload": "a", "policy": "static"},
-        {**base, "workload": "b", "policy": "planner", "why": why},
+        cell_row("a", "planner", 1000, 0.9, 1.3, why),
+        cell_row("a", "static", 1000, 0.9, 1.3),
+        cell_row("b", "planner", 1000, 0.9, 1.3, why),
     ]
     lines = mc.format_why(rows, ["a profile 30 s"]).splitlines()
     assert lines[2:] == ["| a profile 30 s | 90.0% / 1.30 | 1.0% / 8.0% / 1.0% | 1.50 / – | 25% |"]
 
 
 def test_run_alone_it_prints_the_table_from_a_saved_matrix(tmp_path: Path, capsys) -> None:
-    base = {
-        "world": "profile",
-        "delay_s": 30,
-        "requests": 100,
-        "gpu_hours_over_oracle": 1.2,
-        "gpu_hours": 1.2,
-    }
     why = {
         "misses": {"unservable": 0, "starting": 5, "serving": 1},
         "cost_by_role": {},
         "beyond_load_now": None,
     }
-    rows = [
-        {**base, "workload": "a", "policy": "planner", "slo_attainment": 0.94, "why": why},
-        {**base, "workload": "b", "policy": "planner", "slo_attainment": 0.995, "gpu_hours_over_oracle": 1.1},
-    ]
+    rows = [cell_row("a", "planner", 100, 0.94, 1.2, why), cell_row("b", "planner", 100, 0.995, 1.1)]
     saved = tmp_path / "matrix.json"
     saved.write_text(json.dumps({"rows": rows}))
     assert mc.main([str(saved)]) == 0
