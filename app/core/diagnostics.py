@@ -269,6 +269,7 @@ class SlaRole(Record):
     held_now: Num = None
     held_context_tokens: Num = None  # mean context of the requests decode holds now (FPM)
     floor_scale: Num = None  # the batch-weighted measured/profile decode time the floor scales by
+    pace: Num = None  # Little's law's ITL over the target: 1, or a KV- or max_num_seqs-bound full engine's
 
 
 class LatencyModel(Record):

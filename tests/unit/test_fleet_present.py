@@ -173,3 +173,16 @@ def test_present_need_keeps_the_sizing_quantile_of_the_count_in_flight() -> None
     # 800 / 300 -> 3, too few: the spread of a smaller count shrinks more slowly than its mean).
     record = _sla_record(decode={"needed": 14, "in_flight_at_target": 4000.0})
     assert present_need(record, itl_target_ms=30)["decode"] == 4
+
+
+def test_present_need_reads_the_count_in_flight_at_the_sized_pace() -> None:
+    # Decode sized at half the target's pace (a full engine of 250 iterating at 15 ms of 30): a
+    # mean of 3000 x 0.5 = 1500 in flight, its quantile 1600 (z·sqrt(dispersion) = 100 /
+    # sqrt(1500) = 2.58), 7 engines. Now: 600 x 0.5 = 300 in flight, quantile 300 + 2.58 x
+    # sqrt(300) = 344.7 -> 2 engines. Read at the target's pace, the load now would be 600 in
+    # flight (the sized 1600 below its mean of 3000: no spread) -> 3.
+    decode = {"needed": 7, "batch_limit": 250, "in_flight_at_target": 1600.0, "pace": 0.5, "held_now": 0}
+    record = _sla_record(decode=decode)
+    assert present_need(record, itl_target_ms=30)["decode"] == 2
+    record["roles"]["decode"].pop("pace")
+    assert present_need(record, itl_target_ms=30)["decode"] == 3

@@ -19,7 +19,14 @@ import pytest
 
 from app.core.perf.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics
 from app.core.perf.interpolation import PerfModel
-from app.core.sla.capacity import Bucket, LengthMix, decode_batch_limit, largest_meeting, prefill_engines
+from app.core.sla.capacity import (
+    Bucket,
+    LengthMix,
+    decode_batch_limit,
+    largest_meeting,
+    prefill_engines,
+    profile_decode_floor,
+)
 from app.core.sla.latency import LatencyModels, PrefillCost, decode_features, prefill_features, prior_models
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState
@@ -232,13 +239,18 @@ def test_a_batch_beyond_the_records_is_never_cheaper_than_the_profile(h200: Perf
     assert world_limit == 233
     assert limit(None) >= 1.3 * world_limit  # the line alone: the free capacity the world lacks
     # With the profile as the floor beyond the records, the limit is the world's; the planner's
-    # floor also reads the profile at contexts 25% either side (an engine's own context is not
-    # the mean; at 750-1250 tokens the profile reaches 30 ms from 210 requests on).
+    # floor also reads the profile a quarter below the context (where the profile's surface
+    # rises again at some batches), which here moves nothing; a quarter above would have put the
+    # limit at 210, where the world is 27.7 ms.
     assert limit(h200.decode_itl_ms) == world_limit
-    assert result.diagnostics["roles"]["decode"]["batch_limit"] == 210
+    assert result.diagnostics["roles"]["decode"]["batch_limit"] == world_limit
+    assert world_limit == largest_meeting(
+        lambda n: max(h200.decode_itl_ms(n, CONTEXT * k) for k in (0.75, 1.0)) <= 30.0, 945
+    )
     assert 210 == largest_meeting(
         lambda n: max(h200.decode_itl_ms(n, CONTEXT * k) for k in (0.75, 1.0, 1.25)) <= 30.0, 945
     )
+    assert round(h200.decode_itl_ms(210, CONTEXT), 1) == 27.7
     # Within the records the learned cost alone decides (a limit inside them is the line's).
     inside_ms = h200.decode_itl_ms(60, CONTEXT)
     assert limit(h200.decode_itl_ms, inside_ms) == limit(None, inside_ms) < 85
@@ -247,8 +259,8 @@ def test_a_batch_beyond_the_records_is_never_cheaper_than_the_profile(h200: Perf
 def test_a_slower_world_raises_the_profile_floor_by_its_measured_scale(h200: PerfModel) -> None:
     """The same light start in a world 20% slower than the profile everywhere: beyond the records
     the floor is the profile times the measured decode scale (1.2), so the limit is the slower
-    world's. A floor that only ever scaled down left it at the profile's 210, where this world
-    reaches 30 ms from 165 requests on (ITL broke at every burst's start of a bursty workload)."""
+    world's. A floor that only ever scaled down left it at the profile's 233, where this world
+    reaches 30 ms from 187 requests on (ITL broke at every burst's start of a bursty workload)."""
     settings = settings_for(h200, ("decode",), itl_target_ms=30.0)
     isl, osl = 950.0, 100.0
     run = Run(h200, settings, expected={"decode": 2})
@@ -258,10 +270,8 @@ def test_a_slower_world_raises_the_profile_floor_by_its_measured_scale(h200: Per
     for _ in range(8):
         result = run.tick(100.0, isl=isl, osl=osl, fpm_new={"decode": records}, latest=True)
     assert result.diagnostics["scale"]["decode"] == pytest.approx(1.2, abs=1e-4)
-    slower = largest_meeting(
-        lambda n: 1.2 * max(h200.decode_itl_ms(n, CONTEXT * k) for k in (0.75, 1.0, 1.25)) <= 30.0, 945
-    )
-    assert slower == 164
+    slower = largest_meeting(lambda n: 1.2 * h200.decode_itl_ms(n, CONTEXT) <= 30.0, 945)
+    assert slower == 186
     assert result.diagnostics["roles"]["decode"]["batch_limit"] == slower
 
 
@@ -306,6 +316,26 @@ def test_in_the_profiles_own_world_the_floor_scale_is_one(h200: PerfModel) -> No
         record = decode_record("d0", n, CONTEXT, h200.decode_itl_ms(n, CONTEXT))
         result = run.tick(100.0, isl=950.0, osl=100.0, fpm_new={"decode": [record]}, latest=True)
     assert result.diagnostics["roles"]["decode"]["floor_scale"] == pytest.approx(1.0, abs=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("context", "target_ms", "limit", "above"),
+    [(10_000, 30.0, 76, 60), (16_700, 30.0, 46, 37), (20_000, 35.0, 44, 35)],
+)
+def test_at_long_contexts_the_floor_allows_the_profile_worlds_own_batch(
+    h200: PerfModel, context: int, target_ms: float, limit: int, above: int
+) -> None:
+    """A long-prompt mix holds a few dozen requests per decode engine. The floor reads the
+    profile at the context and a quarter below it: the batch limit is the profile world's own
+    (its ITL at the mean context). Read a quarter above too, it fell by a fifth, and decode was
+    bought for batches smaller than the engines run."""
+    floor = profile_decode_floor(h200)
+    cap = int(h200.decode.max_kv_tokens // context)
+    world = largest_meeting(lambda n: h200.decode_itl_ms(n, float(context)) <= target_ms, cap)
+    assert largest_meeting(lambda n: floor(n, float(context)) <= target_ms, cap) == world == limit
+    assert above == largest_meeting(
+        lambda n: max(h200.decode_itl_ms(n, context * k) for k in (1.0, 1.25)) <= target_ms, cap
+    )
 
 
 # --- prefill with and without chunk packing -------------------------------------------------------

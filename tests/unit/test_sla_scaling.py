@@ -31,6 +31,8 @@ from app.core.sla.capacity import (
     PrefillSizing,
     decode_batch_limit,
     decode_concurrency,
+    decode_iteration_ms,
+    decode_pace,
     prefill_engines,
     profile_decode_floor,
 )
@@ -231,12 +233,28 @@ def batch_limit(
 def decode_wish(
     model: PerfModel, settings: SlaSettings, rate: float, disp: float, cost: DecodeCost | None = None
 ) -> int:
-    """Little's law at the ITL target, at the `decode_peak_quantile` of the requests in flight
-    (normal approximation, variance mean × dispersion), over the batch meeting the ITL."""
-    mean = decode_concurrency(request_rate_s=rate, osl_tokens=OSL, itl_target_ms=settings.itl_target_ms)
+    """Little's law at the ITL target, at the pace of a full engine (1 unless the KV cache or
+    `max_num_seqs` bounds the batch: then its iteration time over the ITL it is sized for), at
+    the `decode_peak_quantile` of the requests in flight (normal approximation, variance mean ×
+    dispersion), over the batch meeting the ITL."""
+    cost = cost or prior_of(model, settings).decode
+    limit = batch_limit(model, settings, cost)
+    pace = decode_pace(
+        cost,
+        limit,
+        isl_tokens=ISL,
+        osl_tokens=OSL,
+        itl_target_ms=settings.itl_target_ms * settings.decode_itl_margin,
+        max_kv_tokens=settings.max_kv_tokens,
+        max_num_seqs=settings.max_num_seqs,
+        profile_itl_ms=profile_decode_floor(model),
+    )
+    mean = pace * decode_concurrency(
+        request_rate_s=rate, osl_tokens=OSL, itl_target_ms=settings.itl_target_ms
+    )
     z = NormalDist().inv_cdf(settings.decode_peak_quantile)
     peak = mean + z * math.sqrt(mean * disp)
-    return math.ceil(peak / batch_limit(model, settings, cost))
+    return math.ceil(peak / limit)
 
 
 # --- forward-pass records -------------------------------------------------------------------------
@@ -577,11 +595,13 @@ def test_a_crowd_on_too_few_engines_orders_for_the_backlog_the_lead_will_add(h20
     seen_only = prefill_wish(h200, settings, arriving + queued / lead_s, mix, 1.0, cost=cost)
     assert first.replicas is not None and first.replicas["prefill"] == wish
     assert (wish, seen_only) == (21, 12)  # for the queue seen now alone: 12
-    # Decode is sized for the drained prompts' flow as well as the arrivals'.
+    # Decode is sized for the drained prompts' flow as well as the arrivals' (at the target's
+    # pace: the target bounds the batch).
     drained_flight = decode_concurrency(
         request_rate_s=draining / ISL, osl_tokens=OSL, itl_target_ms=settings.itl_target_ms
     )
     decode = first.diagnostics["roles"]["decode"]
+    assert decode["pace"] == 1.0
     assert decode["backlog_in_flight"] == pytest.approx(drained_flight, abs=0.1)
 
     # 5 s later the order is open, due in 115 s: the ready engines until then, the ordered
@@ -688,14 +708,16 @@ def test_decode_takes_the_drain_of_a_queue_stuck_on_its_engines(h200: PerfModel)
     drained = decode_concurrency(
         request_rate_s=prefill["backlog_tokens_s"] / ISL, osl_tokens=OSL, itl_target_ms=settings.itl_target_ms
     )
+    assert decode["pace"] == 1.0
     assert decode["backlog_in_flight"] == pytest.approx(drained, abs=0.1)
     assert drained > 100  # two engines' worth of prompts: a decode engine's batch or more
 
 
 def test_max_num_seqs_caps_the_decode_batch(h200: PerfModel) -> None:
     # The cold-start limit at 20 ms is above 64 requests; an engine that schedules at most 64
-    # holds no more, and 60 req/s (179 requests in flight, 210 at the 0.99 peak quantile) then
-    # need 4 engines, not 2.
+    # holds no more. A full engine of 64 then iterates in 15.3 ms, not 20: its requests leave
+    # sooner, and 60 req/s keep 137 requests in flight at that pace (164 at the 0.99 peak
+    # quantile), 3 engines, not the 4 Little's law at the target would say (210 at the peak).
     free = settings_for(h200, ("decode",))
     capped = settings_for(h200, ("decode",), max_num_seqs=64)
     assert batch_limit(h200, free) > 64
@@ -705,8 +727,64 @@ def test_max_num_seqs_caps_the_decode_batch(h200: PerfModel) -> None:
         results[name] = run.tick(300.0).diagnostics["roles"]["decode"]
     assert results["capped"]["batch_limit"] == 64
     assert results["free"]["batch_limit"] == batch_limit(h200, free)
+    full_ms = decode_iteration_ms(prior_of(h200, capped).decode, 64, CONTEXT, profile_decode_floor(h200))
+    assert results["capped"]["pace"] == round(full_ms / capped.itl_target_ms, 4) == 0.7632
+    assert results["free"]["pace"] == 1.0  # the target bounds its batch
     assert results["capped"]["wish"] == math.ceil(results["capped"]["in_flight_at_target"] / 64)
-    assert (results["free"]["wish"], results["capped"]["wish"]) == (2, 4)
+    at_target = decode_concurrency(request_rate_s=60.0, osl_tokens=OSL, itl_target_ms=capped.itl_target_ms)
+    peak_at_target = at_target + NormalDist().inv_cdf(capped.decode_peak_quantile) * math.sqrt(at_target)
+    assert math.ceil(peak_at_target / 64) == 4
+    assert (results["free"]["wish"], results["capped"]["wish"]) == (2, 3)
+    assert (results["free"]["wish"], results["capped"]["wish"]) == (
+        decode_wish(h200, free, 60.0, 1.0),
+        decode_wish(h200, capped, 60.0, 1.0),
+    )
+
+
+def test_a_kv_bound_decode_batch_is_sized_at_a_full_engines_pace_unless_engines_run_slower(
+    h200: PerfModel,
+) -> None:
+    """Long contexts fill an engine's KV cache before its iterations reach the ITL target: a full
+    engine (46 requests of 20k tokens) iterates in 40 ms of a 60 ms target, its requests leave
+    sooner, and fewer are in flight than Little's law at the target says: 4 engines, not 5.
+    Engines seen iterating slower than the model's full engine (one overrun at 65 ms, where one
+    record has barely moved the model off its prior) set the pace instead: the target's."""
+    settings = settings_for(h200, ("decode",), itl_target_ms=60.0)
+    isl, osl = 20_000.0, 150.0
+    kv_bound = int(settings.max_kv_tokens // (isl + osl))
+    calm = Run(h200, settings, expected={"decode": 1}).tick(100.0, isl=isl, osl=osl)
+    decode = calm.diagnostics["roles"]["decode"]
+    assert decode["batch_limit"] == kv_bound == 46
+    full_ms = decode_iteration_ms(
+        prior_of(h200, settings).decode, kv_bound, isl + osl / 2, profile_decode_floor(h200)
+    )
+    assert decode["pace"] == round(full_ms / 60.0, 4) == 0.6689
+    z = NormalDist().inv_cdf(settings.decode_peak_quantile)
+    mean = decode_concurrency(request_rate_s=100.0 / TICK_S, osl_tokens=osl, itl_target_ms=60.0)
+    assert decode["in_flight_at_target"] == round(
+        full_ms / 60.0 * mean + z * math.sqrt(full_ms / 60.0 * mean), 1
+    )
+    assert decode["wish"] == math.ceil(decode["in_flight_at_target"] / kv_bound) == 4
+    assert math.ceil((mean + z * math.sqrt(mean)) / kv_bound) == 5
+
+    overrun = ForwardPassMetrics(
+        worker_id="d0",
+        dp_rank=0,
+        wall_time_s=0.065,
+        scheduled=ScheduledRequestMetrics(num_decode_requests=30, sum_decode_kv_tokens=30 * 20_075),
+    )
+    run = Run(h200, settings, expected={"decode": 1})
+    decode = run.tick(100.0, isl=isl, osl=osl, fpm={"decode": {("d0", 0): overrun}}).diagnostics["roles"][
+        "decode"
+    ]
+    model_full_ms = decode_iteration_ms(
+        run.state.latency.decode,  # type: ignore[union-attr]
+        decode["batch_limit"],
+        decode["held_context_tokens"],
+        profile_decode_floor(h200, decode["floor_scale"]),
+    )
+    assert model_full_ms < 40.0 < 65.0
+    assert decode["pace"] == 1.0
 
 
 # --- c. a long-prompt mix -------------------------------------------------------------------------

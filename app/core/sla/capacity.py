@@ -18,12 +18,13 @@ on its own:
   which at most `1 − quantile` of the servable requests wait longer than the target less their
   own prefill, at no more than `max_utilisation`. Prompts no count can serve (prefill alone above
   the target) are counted apart.
-- **Decode**: Little's law at the ITL target. A request of `osl` tokens decodes for
-  `(osl − 1) × ITL`; at the target, the arrival rate λ keeps `λ × (osl − 1) × ITL` requests in
-  flight on average, and a quantile of that count is sized for (`peak_concurrency`: an M^X/G/∞
-  count, variance = mean × dispersion). One engine holds the largest batch whose learned
-  iteration time (at the batch's context) meets the target, whose KV fits and which the engine
-  schedules at once (`max_num_seqs`).
+- **Decode**: Little's law at a full engine's ITL. A request of `osl` tokens decodes for
+  `(osl − 1) × ITL`; the arrival rate λ keeps `λ × (osl − 1) × ITL` requests in flight on
+  average, and a quantile of that count is sized for (`peak_concurrency`: an M^X/G/∞ count,
+  variance = mean × dispersion). One engine holds the largest batch whose learned iteration
+  time (at the batch's context) meets the target, whose KV fits and which the engine schedules
+  at once (`max_num_seqs`); the ITL is the target where the target bounds that batch, and the
+  batch's own iteration time where the KV cache or `max_num_seqs` does (`decode_pace`).
 """
 
 from __future__ import annotations
@@ -270,26 +271,88 @@ def decode_batch_limit(
 
     `profile_itl_ms(batch, context)`, the profile's own ITL, is a floor beyond the batches the
     engines were seen running: there a straight line through a few ticks of small batches has
-    little to say (in the profile's own world, records of up to 85 requests at a 1.2k context
-    put the 30 ms limit near 370 requests, where the profile, and the world, have it at 210),
+    little to say (in the profile's own world, records of up to 85 requests at a 1k context
+    put the 30 ms limit near 370 requests, where the profile, and the world, have it at 233),
     and a batch never seen is not taken as cheaper than the profile says. Within the data, the
     learned cost alone decides: a world cheaper than its profile is learned where it is run."""
+    context, _ = _decode_context(isl_tokens, osl_tokens, held_context_tokens)
+    cap = decode_batch_cap(
+        isl_tokens=isl_tokens,
+        osl_tokens=osl_tokens,
+        max_kv_tokens=max_kv_tokens,
+        max_num_seqs=max_num_seqs,
+        held_context_tokens=held_context_tokens,
+    )
+    return largest_meeting(
+        lambda n: decode_iteration_ms(cost, n, context, profile_itl_ms) <= itl_target_ms, cap
+    )
+
+
+def decode_batch_cap(
+    *,
+    isl_tokens: float,
+    osl_tokens: float,
+    max_kv_tokens: int,
+    max_num_seqs: int | None = None,
+    held_context_tokens: float | None = None,
+) -> int:
+    """The most requests an engine can hold whatever their pace: its KV cache over a request's
+    need, and `max_num_seqs`."""
+    _, need = _decode_context(isl_tokens, osl_tokens, held_context_tokens)
+    cap = int(max_kv_tokens // need)
+    return cap if max_num_seqs is None else min(cap, max_num_seqs)
+
+
+def decode_pace(
+    cost: DecodeCost,
+    batch: int,
+    *,
+    isl_tokens: float,
+    osl_tokens: float,
+    itl_target_ms: float,
+    max_kv_tokens: int,
+    max_num_seqs: int | None = None,
+    held_context_tokens: float | None = None,
+    profile_itl_ms: Callable[[float, float], float] | None = None,
+) -> float:
+    """A full engine's iteration time over the ITL target, for `batch` = `decode_batch_limit`'s
+    (same arguments): 1 where the target bounds the batch (one request more would miss it), and
+    where the KV cache or `max_num_seqs` bounds it first, that batch's iteration time over the
+    target: the engine iterates below the target, and its requests leave sooner."""
+    cap = decode_batch_cap(
+        isl_tokens=isl_tokens,
+        osl_tokens=osl_tokens,
+        max_kv_tokens=max_kv_tokens,
+        max_num_seqs=max_num_seqs,
+        held_context_tokens=held_context_tokens,
+    )
+    if batch < cap:
+        return 1.0
+    context, _ = _decode_context(isl_tokens, osl_tokens, held_context_tokens)
+    return min(1.0, decode_iteration_ms(cost, batch, context, profile_itl_ms) / itl_target_ms)
+
+
+def _decode_context(
+    isl_tokens: float, osl_tokens: float, held_context_tokens: float | None
+) -> tuple[float, float]:
+    """(mean context, KV tokens per request) a decode batch is sized at."""
     context = max(isl_tokens + osl_tokens / 2, 1.0)
     need = max(isl_tokens + osl_tokens, 1.0)
     if held_context_tokens is not None and held_context_tokens > context:
         need *= held_context_tokens / context
         context = held_context_tokens
-    cap = int(max_kv_tokens // need)
-    if max_num_seqs is not None:
-        cap = min(cap, max_num_seqs)
+    return context, need
 
-    def meets(n: int) -> bool:
-        ms = cost.iteration_ms(n, n * context)
-        if profile_itl_ms is not None and cost.beyond_data(n, n * context):
-            ms = max(ms, profile_itl_ms(n, context))
-        return ms <= itl_target_ms
 
-    return largest_meeting(meets, cap)
+def decode_iteration_ms(
+    cost: DecodeCost, n: float, context: float, profile_itl_ms: Callable[[float, float], float] | None
+) -> float:
+    """One iteration of `n` requests at `context` tokens each: the learned cost, and at least the
+    profile's (`profile_itl_ms`) beyond the batches the engines were seen running."""
+    ms = cost.iteration_ms(n, n * context)
+    if profile_itl_ms is not None and cost.beyond_data(n, n * context):
+        ms = max(ms, profile_itl_ms(n, context))
+    return ms
 
 
 def profile_decode_floor(model: PerfModel, scale: float = 1.0) -> Callable[[float, float], float]:
@@ -316,7 +379,12 @@ def profile_decode_floor(model: PerfModel, scale: float = 1.0) -> Callable[[floa
 
 
 _FLOOR_BATCHES = 16
-_FLOOR_CONTEXTS = (0.75, 1.0, 1.25)
+# The profile is read at the context and a quarter below it, where its surface rises again
+# (at 250 requests, 32.4 ms at 1,500 tokens against 29.0 ms at 2,000), not above: the context
+# already is the longer of the arrivals' and the held requests' (FPM), and a quarter above cut
+# the batch limit of long contexts by a fifth (10k tokens at 30 ms: 60 where the profile's own
+# world meets the target at 76).
+_FLOOR_CONTEXTS = (0.75, 1.0)
 
 
 def largest_meeting(meets: Callable[[int], bool], cap: int) -> int:

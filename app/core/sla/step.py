@@ -30,7 +30,8 @@ engine's latest forward pass (FPM) and the ready counts. Then, per role:
    (`backlog_growth`); decode takes the prompts the queue's drain sends it too; decode for
    the ITL target by Little's law at the `decode_peak_quantile` of the requests in flight,
    against the largest batch meeting `decode_itl_margin` × the target (at the context the
-   engines hold, when longer); decode also for the requests the engines actually hold or queue
+   engines hold, when longer), at the pace that batch iterates (or the engines do now, if
+   slower); decode also for the requests the engines actually hold or queue
    now, when that is more. Prompts no count can serve are counted and left out. In a quiet
    period, what a likely return needs is kept (app/core/sla/quiet.py).
 5. **Target**: up at once to the wish; down only to the highest wish of the scale-down window
@@ -57,15 +58,13 @@ from app.core.sla.backlog import backlog_growth, drainable_tokens
 from app.core.sla.capacity import (
     LengthMix,
     PrefillSizing,
-    decode_batch_limit,
-    decode_concurrency,
     peak_concurrency,
     prefill_engines,
-    profile_decode_floor,
 )
+from app.core.sla.decode_wish import decode_wish
 from app.core.sla.demand import demand_at
 from app.core.sla.latency import prior_models
-from app.core.sla.learners import check_busy, decode_floor_scale, learn_latency, update_lead, update_scale
+from app.core.sla.learners import check_busy, learn_latency, update_lead, update_scale
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState
 from app.core.sla.types import Demand, SlaInput, SlaReason, SlaResult
@@ -426,58 +425,10 @@ def _wishes(
             "longest_servable_tokens": sizing.longest_servable_tokens,
         }
     if "decode" in settings.bounds:
-        held_context = _held_context(inp) if with_held else None
-        floor_scale = decode_floor_scale(state, settings)
-        batch = decode_batch_limit(
-            state.latency.decode,
-            isl_tokens=demand.isl,
-            osl_tokens=demand.osl,
-            itl_target_ms=settings.itl_target_ms * settings.decode_itl_margin,
-            max_kv_tokens=settings.max_kv_tokens,
-            max_num_seqs=settings.max_num_seqs,
-            held_context_tokens=held_context,
-            profile_itl_ms=(profile_decode_floor(model, floor_scale) if model is not None else None),
+        wish["decode"], diag["decode"] = decode_wish(
+            demand, inp, state, settings, model, draining_tokens_s=draining_tokens_s, with_held=with_held
         )
-        # The prompts prefill drains from its queue reach decode on top of the arrivals, at the
-        # rate prefill is sized to drain them: a queue stuck on its engines still sends decode
-        # what those engines clear (a crowd's two first engines, some 750 requests in flight).
-        in_flight = demand.in_flight + (
-            decode_concurrency(
-                request_rate_s=draining_tokens_s / demand.isl,
-                osl_tokens=demand.osl,
-                itl_target_ms=settings.itl_target_ms,
-            )
-            if draining_tokens_s > 0 and demand.isl > 0
-            else 0.0
-        )
-        held = (
-            sum(
-                r.scheduled.num_decode_requests + r.queued.num_decode_requests
-                for r in inp.fpm.get("decode", {}).values()
-            )
-            if with_held
-            else 0
-        )
-        needed = max(math.ceil(in_flight / batch), math.ceil(held / batch))
-        wish["decode"] = settings.bounds["decode"].clamp(needed)
-        diag["decode"] = {
-            "needed": needed,
-            "wish": wish["decode"],
-            "batch_limit": batch,
-            "in_flight_at_target": round(in_flight, 1),
-            "backlog_in_flight": round(in_flight - demand.in_flight, 1),
-            "held_now": held,
-            "held_context_tokens": round(held_context, 1) if held_context is not None else None,
-            "floor_scale": round(floor_scale, 3),
-        }
     return wish, diag
-
-
-def _held_context(inp: SlaInput) -> float | None:
-    """The mean context of the requests the decode engines hold now (None: they hold none)."""
-    records = inp.fpm.get("decode", {}).values()
-    requests = sum(r.scheduled.num_decode_requests for r in records)
-    return sum(r.scheduled.sum_decode_kv_tokens for r in records) / requests if requests else None
 
 
 def _rounded(pair: tuple[float, float] | None, digits: int = 3) -> list[float] | None:

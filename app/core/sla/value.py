@@ -58,8 +58,10 @@ def present_need(sla: Mapping[str, Any] | None, *, itl_target_ms: float) -> dict
         d = roles["decode"]
         needed = int(d["needed"])
         batch = int(d.get("batch_limit") or 0)
-        sized_mean = float(demand["in_flight_mean"])
-        now_mean = decode_concurrency(
+        # Both at the pace the step sized decode at (a full engine's ITL over the target).
+        pace = float(d.get("pace") or 1.0)
+        sized_mean = float(demand["in_flight_mean"]) * pace
+        now_mean = pace * decode_concurrency(
             request_rate_s=level_rps, osl_tokens=float(demand["osl_mean"]), itl_target_ms=itl_target_ms
         )
         now_mean = min(now_mean, sized_mean)

@@ -1,0 +1,107 @@
+"""Decode's wish in SLA scaling (app/core/sla/step.py): Little's law on the requests in flight,
+at a full engine's pace, over the largest batch meeting the ITL target (app/core/sla/capacity.py),
+and at least what the engines hold now."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from app.core.perf.interpolation import PerfModel
+from app.core.sla.capacity import (
+    decode_batch_limit,
+    decode_concurrency,
+    decode_pace,
+    peak_concurrency,
+    profile_decode_floor,
+)
+from app.core.sla.learners import decode_floor_scale
+from app.core.sla.settings import SlaSettings
+from app.core.sla.state import SlaState
+from app.core.sla.types import Demand, SlaInput
+
+
+def decode_wish(
+    demand: Demand,
+    inp: SlaInput,
+    state: SlaState,
+    settings: SlaSettings,
+    model: PerfModel | None,
+    *,
+    draining_tokens_s: float,
+    with_held: bool,
+) -> tuple[int, dict[str, Any]]:
+    """The decode count wished for and its diagnostics (`sla.roles.decode`). `draining_tokens_s`:
+    the prompt tokens per second prefill is sized to drain from its queue; `with_held`: read the
+    engines' FPM (the requests they hold, their context and pace), else size for demand alone."""
+    assert state.latency is not None
+    held_context = _held_context(inp) if with_held else None
+    floor_scale = decode_floor_scale(state, settings)
+    floor = profile_decode_floor(model, floor_scale) if model is not None else None
+    sizing: dict[str, Any] = {
+        "isl_tokens": demand.isl,
+        "osl_tokens": demand.osl,
+        "itl_target_ms": settings.itl_target_ms * settings.decode_itl_margin,
+        "max_kv_tokens": settings.max_kv_tokens,
+        "max_num_seqs": settings.max_num_seqs,
+        "held_context_tokens": held_context,
+        "profile_itl_ms": floor,
+    }
+    batch = decode_batch_limit(state.latency.decode, **sizing)
+    # Requests decode at the pace of a full engine, not at the target: where the KV cache (or
+    # `max_num_seqs`) bounds the batch first, a full engine iterates below the target and its
+    # requests leave sooner. Never faster than the engines iterate now: engines overrun by a
+    # crowd run slower than any full engine the model pictures.
+    pace = decode_pace(state.latency.decode, batch, **sizing)
+    if with_held and pace < 1.0:
+        pace = min(1.0, max(pace, _slowest_decode_ms(inp) / sizing["itl_target_ms"]))
+    # The prompts prefill drains from its queue reach decode on top of the arrivals, at the
+    # rate prefill is sized to drain them: a queue stuck on its engines still sends decode
+    # what those engines clear (a crowd's two first engines, some 750 requests in flight).
+    drained = (
+        decode_concurrency(
+            request_rate_s=draining_tokens_s / demand.isl,
+            osl_tokens=demand.osl,
+            itl_target_ms=settings.itl_target_ms,
+        )
+        if draining_tokens_s > 0 and demand.isl > 0
+        else 0.0
+    )
+    arrivals = peak_concurrency(
+        demand.in_flight_mean * pace, dispersion=demand.dispersion, quantile=settings.decode_peak_quantile
+    )
+    in_flight = arrivals + drained * pace
+    held = (
+        sum(
+            r.scheduled.num_decode_requests + r.queued.num_decode_requests
+            for r in inp.fpm.get("decode", {}).values()
+        )
+        if with_held
+        else 0
+    )
+    needed = max(math.ceil(in_flight / batch), math.ceil(held / batch))
+    wish = settings.bounds["decode"].clamp(needed)
+    return wish, {
+        "needed": needed,
+        "wish": wish,
+        "batch_limit": batch,
+        "in_flight_at_target": round(in_flight, 1),
+        "backlog_in_flight": round(drained * pace, 1),
+        "held_now": held,
+        "held_context_tokens": round(held_context, 1) if held_context is not None else None,
+        "floor_scale": round(floor_scale, 3),
+        "pace": round(pace, 4),
+    }
+
+
+def _slowest_decode_ms(inp: SlaInput) -> float:
+    """The longest latest iteration of the decode engines that hold requests (0: none does)."""
+    records = inp.fpm.get("decode", {}).values()
+    return max((1000.0 * r.wall_time_s for r in records if r.scheduled.num_decode_requests), default=0.0)
+
+
+def _held_context(inp: SlaInput) -> float | None:
+    """The mean context of the requests the decode engines hold now (None: they hold none)."""
+    records = inp.fpm.get("decode", {}).values()
+    requests = sum(r.scheduled.num_decode_requests for r in records)
+    return sum(r.scheduled.sum_decode_kv_tokens for r in records) / requests if requests else None
