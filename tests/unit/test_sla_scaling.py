@@ -32,7 +32,6 @@ from app.core.sla.capacity import (
     decode_batch_limit,
     decode_concurrency,
     decode_iteration_ms,
-    decode_pace,
     prefill_engines,
     profile_decode_floor,
 )
@@ -239,16 +238,11 @@ def decode_wish(
     dispersion), over the batch meeting the ITL."""
     cost = cost or prior_of(model, settings).decode
     limit = batch_limit(model, settings, cost)
-    pace = decode_pace(
-        cost,
-        limit,
-        isl_tokens=ISL,
-        osl_tokens=OSL,
-        itl_target_ms=settings.itl_target_ms * settings.decode_itl_margin,
-        max_kv_tokens=settings.max_kv_tokens,
-        max_num_seqs=settings.max_num_seqs,
-        profile_itl_ms=profile_decode_floor(model),
-    )
+    sized_ms = settings.itl_target_ms * settings.decode_itl_margin
+    full_ms = decode_iteration_ms(cost, limit, CONTEXT, profile_decode_floor(model))
+    kv_bound = limit >= int(settings.max_kv_tokens // (ISL + OSL))
+    seqs_bound = settings.max_num_seqs is not None and limit >= settings.max_num_seqs
+    pace = min(1.0, full_ms / sized_ms) if kv_bound or seqs_bound else 1.0
     mean = pace * decode_concurrency(
         request_rate_s=rate, osl_tokens=OSL, itl_target_ms=settings.itl_target_ms
     )

@@ -24,7 +24,8 @@ on its own:
   variance = mean × dispersion). One engine holds the largest batch whose learned iteration
   time (at the batch's context) meets the target, whose KV fits and which the engine schedules
   at once (`max_num_seqs`); the ITL is the target where the target bounds that batch, and the
-  batch's own iteration time where the KV cache or `max_num_seqs` does (`decode_pace`).
+  batch's own iteration time where the KV cache or `max_num_seqs` does (`decode_batch_cap`;
+  app/core/sla/decode_wish.py).
 """
 
 from __future__ import annotations
@@ -275,73 +276,31 @@ def decode_batch_limit(
     put the 30 ms limit near 370 requests, where the profile, and the world, have it at 233),
     and a batch never seen is not taken as cheaper than the profile says. Within the data, the
     learned cost alone decides: a world cheaper than its profile is learned where it is run."""
-    context, _ = _decode_context(isl_tokens, osl_tokens, held_context_tokens)
-    cap = decode_batch_cap(
-        isl_tokens=isl_tokens,
-        osl_tokens=osl_tokens,
-        max_kv_tokens=max_kv_tokens,
-        max_num_seqs=max_num_seqs,
-        held_context_tokens=held_context_tokens,
-    )
+    context, need = decode_context(isl_tokens, osl_tokens, held_context_tokens)
+    cap = decode_batch_cap(need, max_kv_tokens=max_kv_tokens, max_num_seqs=max_num_seqs)
     return largest_meeting(
         lambda n: decode_iteration_ms(cost, n, context, profile_itl_ms) <= itl_target_ms, cap
     )
 
 
-def decode_batch_cap(
-    *,
-    isl_tokens: float,
-    osl_tokens: float,
-    max_kv_tokens: int,
-    max_num_seqs: int | None = None,
-    held_context_tokens: float | None = None,
-) -> int:
-    """The most requests an engine can hold whatever their pace: its KV cache over a request's
-    need, and `max_num_seqs`."""
-    _, need = _decode_context(isl_tokens, osl_tokens, held_context_tokens)
-    cap = int(max_kv_tokens // need)
-    return cap if max_num_seqs is None else min(cap, max_num_seqs)
-
-
-def decode_pace(
-    cost: DecodeCost,
-    batch: int,
-    *,
-    isl_tokens: float,
-    osl_tokens: float,
-    itl_target_ms: float,
-    max_kv_tokens: int,
-    max_num_seqs: int | None = None,
-    held_context_tokens: float | None = None,
-    profile_itl_ms: Callable[[float, float], float] | None = None,
-) -> float:
-    """A full engine's iteration time over the ITL target, for `batch` = `decode_batch_limit`'s
-    (same arguments): 1 where the target bounds the batch (one request more would miss it), and
-    where the KV cache or `max_num_seqs` bounds it first, that batch's iteration time over the
-    target: the engine iterates below the target, and its requests leave sooner."""
-    cap = decode_batch_cap(
-        isl_tokens=isl_tokens,
-        osl_tokens=osl_tokens,
-        max_kv_tokens=max_kv_tokens,
-        max_num_seqs=max_num_seqs,
-        held_context_tokens=held_context_tokens,
-    )
-    if batch < cap:
-        return 1.0
-    context, _ = _decode_context(isl_tokens, osl_tokens, held_context_tokens)
-    return min(1.0, decode_iteration_ms(cost, batch, context, profile_itl_ms) / itl_target_ms)
-
-
-def _decode_context(
-    isl_tokens: float, osl_tokens: float, held_context_tokens: float | None
+def decode_context(
+    isl_tokens: float, osl_tokens: float, held_context_tokens: float | None = None
 ) -> tuple[float, float]:
-    """(mean context, KV tokens per request) a decode batch is sized at."""
+    """(mean context, KV tokens per request) a decode batch is sized at: `isl + osl/2` and
+    `isl + osl`, both raised in proportion when the requests held now are longer."""
     context = max(isl_tokens + osl_tokens / 2, 1.0)
     need = max(isl_tokens + osl_tokens, 1.0)
     if held_context_tokens is not None and held_context_tokens > context:
         need *= held_context_tokens / context
         context = held_context_tokens
     return context, need
+
+
+def decode_batch_cap(kv_need_tokens: float, *, max_kv_tokens: int, max_num_seqs: int | None = None) -> int:
+    """The most requests an engine can hold whatever their pace: its KV cache over a request's
+    need, and `max_num_seqs`."""
+    cap = int(max_kv_tokens // kv_need_tokens)
+    return cap if max_num_seqs is None else min(cap, max_num_seqs)
 
 
 def decode_iteration_ms(
