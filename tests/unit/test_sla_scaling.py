@@ -741,8 +741,10 @@ def test_a_kv_bound_decode_batch_is_sized_at_a_full_engines_pace_unless_engines_
     """Long contexts fill an engine's KV cache before its iterations reach the ITL target: a full
     engine (46 requests of 20k tokens) iterates in 40 ms of a 60 ms target, its requests leave
     sooner, and fewer are in flight than Little's law at the target says: 4 engines, not 5.
-    Engines seen iterating slower than the model's full engine (one overrun at 65 ms, where one
-    record has barely moved the model off its prior) set the pace instead: the target's."""
+    An engine seen beyond the target (65 ms) makes the target bound the batch again: pace 1.
+    At a 120 ms target the batch stays the KV cache's, and an engine seen at 100 ms where the
+    model, barely moved off its prior by one record, pictures a full engine at 55 ms sets the
+    pace: 100 / 120, not 55 / 120."""
     settings = settings_for(h200, ("decode",), itl_target_ms=60.0)
     isl, osl = 20_000.0, 150.0
     kv_bound = int(settings.max_kv_tokens // (isl + osl))
@@ -779,6 +781,28 @@ def test_a_kv_bound_decode_batch_is_sized_at_a_full_engines_pace_unless_engines_
     )
     assert model_full_ms < 40.0 < 65.0
     assert decode["pace"] == 1.0
+    assert decode["batch_limit"] < kv_bound
+
+    loose = settings_for(h200, ("decode",), itl_target_ms=120.0)
+    slow = ForwardPassMetrics(
+        worker_id="d0",
+        dp_rank=0,
+        wall_time_s=0.100,
+        scheduled=ScheduledRequestMetrics(num_decode_requests=46, sum_decode_kv_tokens=46 * 20_075),
+    )
+    run = Run(h200, loose, expected={"decode": 1})
+    decode = run.tick(100.0, isl=isl, osl=osl, fpm={"decode": {("d0", 0): slow}}).diagnostics["roles"][
+        "decode"
+    ]
+    assert decode["batch_limit"] == kv_bound
+    model_full_ms = decode_iteration_ms(
+        run.state.latency.decode,  # type: ignore[union-attr]
+        kv_bound,
+        decode["held_context_tokens"],
+        profile_decode_floor(h200, decode["floor_scale"]),
+    )
+    assert round(model_full_ms, 1) == 55.2
+    assert decode["pace"] == round(100.0 / 120.0, 4)
 
 
 # --- c. a long-prompt mix -------------------------------------------------------------------------
