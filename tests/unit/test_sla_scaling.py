@@ -1077,6 +1077,10 @@ def test_a_steady_rise_is_carried_a_lead_ahead_and_a_step_only_to_the_levels_see
     assert demand["token_rate_s"] == pytest.approx(forecast, rel=1e-3)
     level_now = (ramp.counts[-1] + ramp.counts[-2]) / (2 * TICK_S) * ISL  # the busiest 10 s
     assert forecast > 1.2 * level_now
+    # The history keeps what the tick forecast, for the headroom to learn the rise beyond it.
+    at, tokens_s, _, forecast_tokens_s, _ = ramp.state.history[-1]
+    assert (at, tokens_s) == (ramp.now_s, pytest.approx(trend_tokens_s))
+    assert forecast_tokens_s == pytest.approx(forecast, rel=1e-3)
 
     step = Run(h200, settings, expected={"prefill": 1})
     for count in [100.0] * 48 + [180.0] * 12:
@@ -1088,6 +1092,9 @@ def test_a_steady_rise_is_carried_a_lead_ahead_and_a_step_only_to_the_levels_see
     assert trend_tokens_s + demand["ramp_per_s"][0] * ahead_s > 1.5 * 180.0 / TICK_S * ISL
     # ... but a step is carried no higher than the levels seen: 180 requests a tick.
     assert demand["token_rate_s"] == pytest.approx(180.0 / TICK_S * ISL)
+    # A step is no forecast the headroom learns beyond: the level is recorded as it.
+    _, tokens_s, _, forecast_tokens_s, _ = step.state.history[-1]
+    assert forecast_tokens_s == tokens_s == pytest.approx(trend_tokens_s)
 
 
 def test_a_few_ticks_are_not_enough_to_call_traffic_bursty(h200: PerfModel) -> None:
@@ -1184,10 +1191,10 @@ def test_a_the_growth_headroom_learns_from_pairs_that_started_near_the_level_now
     settings = settings_for(h200, ("prefill",), trend=True)
     lead_s = settings.startup_estimate_s
 
-    def history(ending_high: bool) -> deque[tuple[float, float, float]]:
+    def history(ending_high: bool) -> deque[tuple[float, float, float, float, float]]:
         times = np.arange(0.0, 1800.0, TICK_S) + (120.0 if ending_high else 0.0)
         levels = [200.0 if (t // 120) % 2 else 100.0 for t in times]
-        return deque((t, level, level / 10) for t, level in zip(times, levels, strict=True))
+        return deque(flat(t, level, level / 10) for t, level in zip(times, levels, strict=True))
 
     trough, peak = history(ending_high=False), history(ending_high=True)
     assert (trough[-1][1], peak[-1][1]) == (100.0, 200.0)
@@ -1211,14 +1218,14 @@ def test_a_crowd_seen_from_below_forecasts_its_own_peak_not_its_ratio_from_above
     lead_s = settings.startup_estimate_s
     times = np.arange(0.0, 900.0, TICK_S)
     levels = [400.0 if t >= 600.0 else 40.0 for t in times]
-    crowd = deque((t, level, level / 10) for t, level in zip(times, levels, strict=True))
+    crowd = deque(flat(t, level, level / 10) for t, level in zip(times, levels, strict=True))
     assert growth_of(crowd, lead_s, settings) == ((1.0, 1.0), (1.0, 1.0), None)
     before = deque(h for h in crowd if h[0] < 700.0)
-    before.append((700.0, 40.0, 4.0))  # the level back at 40: the crowd forecast again
+    before.append(flat(700.0, 40.0, 4.0))  # the level back at 40: the crowd forecast again
     assert growth_of(before, lead_s, settings) == ((10.0, 10.0), (10.0, 10.0), None)
     # At 60, within x2 of the pairs' 40, their ratio is how this traffic grows: x10 still.
     near = deque(before)
-    near[-1] = (700.0, 60.0, 6.0)
+    near[-1] = flat(700.0, 60.0, 6.0)
     assert growth_of(near, lead_s, settings) == ((10.0, 10.0), (10.0, 10.0), None)
 
 
@@ -1233,11 +1240,39 @@ def test_a_the_headroom_is_the_peak_within_the_lead_not_the_level_at_its_end(h20
     lead_s = settings.startup_estimate_s
     times = np.arange(0.0, 1800.0, TICK_S)
     levels = np.array([300.0 if t % 240 >= 220 else 100.0 for t in times])
-    history = deque((t, level, level) for t, level in zip(times, levels, strict=True))
+    history = deque(flat(t, level, level) for t, level in zip(times, levels, strict=True))
     assert growth_of(history, lead_s, settings)[0] == (3.0, 3.0)
     ends = np.searchsorted(times, times + lead_s)
     starts = ends < len(times)
     assert float(np.quantile(levels[ends[starts]] / levels[starts], settings.growth_quantile)) == 1.0
+
+
+def test_a_rise_the_forecast_carried_is_not_headroom_on_the_way_down(h200: PerfModel) -> None:
+    """A day compressed: a steady rise from 100 to 300 over ten minutes, then down again. On the
+    way up each tick forecast the rise a lead ahead (up to the top it reached), and the traffic
+    never went beyond that forecast: every pair's peak over its forecast is x1, and so is the
+    headroom on the way down. Read against the level instead, the rise the forecast already
+    carried counts again as headroom: x1.3 on the way down, where the traffic only falls
+    (`diurnal` at a 300 s start-up read x1.4-x4.7 on its decline, docs/benchmarks.md, session
+    14)."""
+    settings = settings_for(
+        h200, ("prefill",), trend=True, growth_neighbour_share=1.0, growth_regression=False
+    )
+    lead_s = settings.startup_estimate_s
+    slope = 200.0 / 600.0
+
+    def level(t: float) -> float:
+        if t < 600:
+            return 100.0 + slope * t
+        return max(100.0, 300.0 - slope * (t - 600))
+
+    times = np.arange(0.0, 1050.0, TICK_S)  # ends on the way down, at 150
+    forecast = [min(level(t) + slope * lead_s, 300.0) if t < 600 else level(t) for t in times]
+    history = deque((t, level(t), level(t), f, f) for t, f in zip(times, forecast, strict=True))
+    assert level(times[-1]) == pytest.approx(150.0 + slope * TICK_S)
+    assert growth_of(history, lead_s, settings)[0] == (1.0, 1.0)
+    against_level = deque(flat(t, level(t), level(t)) for t in times)
+    assert growth_of(against_level, lead_s, settings)[0] == (1.3057, 1.3057)
 
 
 def test_a_the_regression_reads_a_first_trough_as_a_way_back_to_the_usual_level(h200: PerfModel) -> None:
@@ -1254,7 +1289,7 @@ def test_a_the_regression_reads_a_first_trough_as_a_way_back_to_the_usual_level(
             return 100.0
         return 150.0 if (t // 60) % 4 == 1 else 200.0
 
-    history = deque((t, level(t), level(t) / 10) for t in times)
+    history = deque(flat(t, level(t), level(t) / 10) for t in times)
     growth = _growth_quantiles(history, settings.startup_estimate_s, settings)
     assert growth is not None and growth.neighbours == (1.0, 1.0)
     assert growth.regression == pytest.approx((2.0, 2.0), rel=1e-4)
@@ -1284,7 +1319,7 @@ def test_a_the_regression_reads_a_trough_no_further_than_the_way_back_to_the_usu
             return 150.0
         return 300.0 if minute == 2 and t % 60 < 20 else 200.0
 
-    history = deque((t, level(t), level(t) / 10) for t in times)
+    history = deque(flat(t, level(t), level(t) / 10) for t in times)
     levels = np.array([h[1] for h in history])
     starts = np.flatnonzero(np.searchsorted(times, times + lead_s) < len(times))
     peaks = np.array([levels[i : np.searchsorted(times, times[i] + lead_s) + 1].max() for i in starts])
@@ -1304,14 +1339,19 @@ def test_a_the_regression_reads_a_trough_no_further_than_the_way_back_to_the_usu
     assert growth is not None and growth.ceiling == (2.0, 2.0)
     # Just below the usual level, at 190, the way back is x1.05 where the line reads x1.58: the
     # ceiling binds there too, and the neighbours' own estimate (x1.5) is what counts.
-    at_190 = deque([*history][:-1] + [(times[-1], 190.0, 19.0)])
+    at_190 = deque([*history][:-1] + [flat(times[-1], 190.0, 19.0)])
     growth = _growth_quantiles(at_190, lead_s, settings)
     assert growth is not None and growth.regression == pytest.approx((200 / 190, 200 / 190))
     assert (growth.tokens, growth.flight) == growth.neighbours == (1.5, 1.5)
 
 
+def flat(t: float, tokens_s: float, flight: float) -> tuple[float, float, float, float, float]:
+    """A history point whose forecast was its own level (no ramp under way)."""
+    return t, tokens_s, flight, tokens_s, flight
+
+
 def growth_of(
-    history: deque[tuple[float, float, float]], lead_s: float, settings: SlaSettings
+    history: deque[tuple[float, float, float, float, float]], lead_s: float, settings: SlaSettings
 ) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float] | None]:
     """(the headroom, the neighbours' estimate, the regression's), rounded where a fit gives them."""
     growth = _growth_quantiles(history, lead_s, settings)

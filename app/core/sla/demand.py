@@ -67,19 +67,14 @@ def demand_at(
     def in_flight(rate: float) -> float:
         return decode_concurrency(request_rate_s=rate, osl_tokens=osl, itl_target_ms=settings.itl_target_ms)
 
-    if state.first_s is not None and now - state.first_s >= settings.trend_window_s:
+    recorded = state.first_s is not None and now - state.first_s >= settings.trend_window_s
+    if recorded:
         # Only a full window is a level: the first ticks' partial windows would read as a ramp.
-        state.history.append((now, trend * isl, in_flight(trend)))
+        # The last two fields are what this tick forecast: the level, unless a steady rise is
+        # under way (below).
+        state.history.append((now, trend * isl, in_flight(trend), trend * isl, in_flight(trend)))
     while state.history and state.history[0][0] <= now - settings.history_s:
         state.history.popleft()
-    growth = _growth_quantiles(state.history, lead_s, settings) if settings.trend else None
-    learned = growth is not None
-    if settings.trend and growth is None:
-        # Nothing learned yet is the widest uncertainty, not none: a cold start gets a wide
-        # headroom until the history has its points (a service starting into a ramp).
-        cold = settings.cold_start_growth
-        growth = Growth(tokens=cold, flight=cold, neighbours=(cold, cold), regression=None)
-    g_tokens, g_flight = (growth.tokens, growth.flight) if growth else (1.0, 1.0)
     # A ramp under way goes on for the lead: its slope, carried from the middle of the window.
     ahead_s = lead_s + settings.trend_window_s / 2
     slope_window_s = max(2 * settings.trend_window_s, lead_s)
@@ -105,6 +100,25 @@ def demand_at(
         rates = _slopes(state.history, now - slope_window_s, settings.trend_window_s, log=True)
         ramp_tokens = max(ramp_tokens, trend * isl * math.exp(rates[0] * ahead_s))
         ramp_flight = max(ramp_flight, in_flight(trend) * math.exp(rates[1] * ahead_s))
+    if recorded and rates is not None:
+        # What this tick forecast a steady rise to reach: the headroom learns how far the
+        # traffic went beyond it, so a rise carried here is not counted again as headroom where
+        # the level is the same on the way down (below).
+        state.history[-1] = (
+            now,
+            trend * isl,
+            in_flight(trend),
+            trend * isl * math.exp(rates[0] * ahead_s),
+            in_flight(trend) * math.exp(rates[1] * ahead_s),
+        )
+    growth = _growth_quantiles(state.history, lead_s, settings) if settings.trend else None
+    learned = growth is not None
+    if settings.trend and growth is None:
+        # Nothing learned yet is the widest uncertainty, not none: a cold start gets a wide
+        # headroom until the history has its points (a service starting into a ramp).
+        cold = settings.cold_start_growth
+        growth = Growth(tokens=cold, flight=cold, neighbours=(cold, cold), regression=None)
+    g_tokens, g_flight = (growth.tokens, growth.flight) if growth else (1.0, 1.0)
     tokens_s = max(level * isl, trend * isl * g_tokens, ramp_tokens)
     dispersion = _dispersion(list(state.samples), settings.dispersion_prior_s)
     flight_mean = max(in_flight(level), in_flight(trend) * g_flight, ramp_flight)
@@ -131,7 +145,11 @@ def demand_at(
 
 
 def _slopes(
-    history: deque[tuple[float, float, float]], since_s: float, min_span_s: float, *, log: bool = False
+    history: deque[tuple[float, float, float, float, float]],
+    since_s: float,
+    min_span_s: float,
+    *,
+    log: bool = False,
 ) -> tuple[float, float]:
     """Least-squares slopes (per second) of both levels since `since_s` (of their logarithms with
     `log`: a growth rate), never below 0: only a rise is carried forward (the planner never
@@ -212,13 +230,16 @@ def _dispersion(items: list[TrafficSample], prior_s: float) -> float:
 
 
 def _growth_quantiles(
-    history: deque[tuple[float, float, float]], lead_s: float, settings: SlaSettings
+    history: deque[tuple[float, float, float, float, float]], lead_s: float, settings: SlaSettings
 ) -> Growth | None:
     """How far each level rose within `lead_s`, as the traffic kept in the history did it: the
-    `growth_quantile` of max(level over [t, t + lead]) ÷ level(t), at least 1, for prompt tokens
-    and for requests in decode. The peak within the lead, not the level at its end: an engine let
-    go now is back no sooner than a lead later, so the engines kept now must serve everything up
-    to then. None until the history has `growth_min_points` such pairs.
+    `growth_quantile` of max(level over [t, t + lead]) ÷ forecast(t), at least 1, for prompt
+    tokens and for requests in decode. The peak within the lead, not the level at its end: an
+    engine let go now is back no sooner than a lead later, so the engines kept now must serve
+    everything up to then. Beyond the forecast made at t (the level, or a steady rise carried a
+    lead ahead), not the level: a rise the forecast carried is no surprise, and counted as one it
+    is read again wherever the level is the same on the way down. None until the history has
+    `growth_min_points` such pairs.
 
     Two estimates, of which the larger counts (docs/scaling.md):
     - **neighbours**: the empirical quantile among the pairs that started nearest the level now
@@ -241,6 +262,7 @@ def _growth_quantiles(
     neighbours, regression, ceiling = [], [], []
     for column in (1, 2):
         levels = np.array([h[column] for h in history])
+        forecasts = np.maximum(np.array([h[column + 2] for h in history]), levels)
         base = levels[starts]
         peaks = np.array([levels[i : later[i] + 1].max() for i in starts])
         pairs = base > 0
@@ -250,7 +272,7 @@ def _growth_quantiles(
             regression.append(1.0)
             ceiling.append(1.0)
             continue
-        log_growth = np.log(peaks[pairs] / base[pairs])
+        log_growth = np.log(peaks[pairs] / forecasts[starts][pairs])
         log_level = np.log(base[pairs])
         # A pair that started far below the level now says how high the traffic went, not that
         # it would rise by the same factor from up here: read at 400 req/s, a x10 crowd seen from

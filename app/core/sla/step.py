@@ -15,7 +15,8 @@ engine's latest forward pass (FPM) and the ready counts. Then, per role:
    `level_window_s` (20 s): a burst longer than the TTFT target builds a queue whatever the
    minute's mean, and the window follows it within a tick. Or, where more, the smoother
    `trend_window_s` level raised by its forecast: the peak it reached within one lead in the
-   traffic's own history (the `growth_quantile` of max(level over [t, t + lead]) ÷ level(t) over
+   traffic's own history (the `growth_quantile` of max(level over [t, t + lead]) ÷ the level
+   forecast at t (the level, or where a steady rise was under way, where it was carried) over
    `history_s`, the larger of two estimates: among the pairs that started nearest the level now,
    and by a quantile regression on the level, capped at the way back to the history's median
    level; until that history has `growth_min_points`,
@@ -313,7 +314,7 @@ def _quiet_floor(
     outlook and both choices' expected costs, for the diagnostics (None outside quiet periods)."""
     if not state.history:
         return None
-    _, tokens_s, _ = state.history[-1]
+    tokens_s = state.history[-1][1]
     usual = float(np.quantile([h[1] for h in state.history], 0.75))
     state.quiet = quiet.observe(
         state.quiet,
