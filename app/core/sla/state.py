@@ -18,7 +18,8 @@ class SlaState:
     samples: deque[TrafficSample] = field(default_factory=deque)
     wishes: deque[tuple[float, dict[Role, int]]] = field(default_factory=deque)
     # (t, prompt tokens per second, requests in decode at the target) of the level window, and
-    # the point forecast made then of both, a lead ahead (the headroom is learned beyond it)
+    # what that tick forecast of both: the level, or where a steady rise was under way, the
+    # level it was carried to a lead ahead (the headroom is learned beyond it, demand.py)
     history: deque[tuple[float, float, float, float, float]] = field(default_factory=deque)
     scale: dict[Role, float] = field(default_factory=dict)
     # Decode's records, faded: (Σ batch × measured time, Σ batch × the profile's time, when last
