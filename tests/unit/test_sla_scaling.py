@@ -805,6 +805,59 @@ def test_a_kv_bound_decode_batch_is_sized_at_a_full_engines_pace_unless_engines_
     assert decode["pace"] == round(100.0 / 120.0, 4)
 
 
+def test_decode_sizes_the_requests_to_come_at_the_windows_context_and_those_held_at_their_own(
+    h200: PerfModel,
+) -> None:
+    """A tick's few requests are a noisy sample of the mix. For a minute two decode engines hold
+    20 requests of 8,075 tokens each; then one tick they hold 5 of 24,000. The requests to come
+    are sized at the context held over the trend window (Σ KV tokens ÷ Σ requests of its 12
+    ticks: 8,428.9), a batch of 81, so the wish stays 2; the 10 held now are sized at their own
+    24,000 (a batch of 29). Sized at the tick's context, as before, the same demand wished 4."""
+    settings = settings_for(h200, ("decode",), itl_target_ms=30.0)
+    isl, osl = 8000.0, 150.0
+
+    def held(n: int, context: float) -> Fpm:
+        return {
+            "decode": {
+                (w, 0): ForwardPassMetrics(
+                    worker_id=w,
+                    dp_rank=0,
+                    wall_time_s=h200.decode_itl_ms(n, context) / 1000.0,
+                    scheduled=ScheduledRequestMetrics(
+                        num_decode_requests=n, sum_decode_kv_tokens=int(n * context)
+                    ),
+                )
+                for w in ("d0", "d1")
+            }
+        }
+
+    run = Run(h200, settings, expected={"decode": 2})
+    for _ in range(12):
+        steady = run.tick(100.0, isl=isl, osl=osl, fpm=held(20, 8075.0)).diagnostics["roles"]["decode"]
+    assert (steady["wish"], steady["batch_limit"], steady["window_context_tokens"]) == (2, 85, 8075.0)
+    decode = run.tick(100.0, isl=isl, osl=osl, fpm=held(5, 24_000.0)).diagnostics["roles"]["decode"]
+    window = (11 * 40 * 8075.0 + 10 * 24_000.0) / (11 * 40 + 10)
+    assert decode["window_context_tokens"] == round(window, 1) == 8428.9
+    assert decode["held_context_tokens"] == 24_000.0
+
+    def limit(context: float) -> int:
+        return decode_batch_limit(
+            run.state.latency.decode,  # type: ignore[union-attr]
+            isl_tokens=isl,
+            osl_tokens=osl,
+            itl_target_ms=30.0,
+            max_kv_tokens=settings.max_kv_tokens,
+            max_num_seqs=settings.max_num_seqs,
+            held_context_tokens=context,
+            profile_itl_ms=profile_decode_floor(h200, decode["floor_scale"]),
+        )
+
+    assert decode["batch_limit"] == limit(window) == 81
+    assert decode["held_batch_limit"] == limit(24_000.0) == 29
+    assert decode["wish"] == math.ceil(decode["in_flight_at_target"] / 81) == 2
+    assert math.ceil(decode["in_flight_at_target"] / 29) == 4
+
+
 # --- c. a long-prompt mix -------------------------------------------------------------------------
 
 

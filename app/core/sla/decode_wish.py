@@ -38,26 +38,36 @@ def decode_wish(
     engines' FPM (the requests they hold, their context and pace), else size for demand alone."""
     assert state.latency is not None
     held_context = _held_context(inp) if with_held else None
+    # The requests to come are sized at the context the engines held over the trend window; the
+    # requests held now at their own. A tick's few requests are a noisy sample of the mix: on the
+    # Mooncake arXiv trace their mean context read 2k-26k tokens from tick to tick around a
+    # 17k mean, the batch limit 26-107, and each long reading ordered engines (decode 3 -> 11
+    # in Dynamo's replay) that the next tick's would not have.
+    window_context = _window_context(state) if with_held else None
     floor_scale = decode_floor_scale(state, settings)
     floor = profile_decode_floor(model, floor_scale) if model is not None else None
     cost, sized_ms = state.latency.decode, settings.itl_target_ms * settings.decode_itl_margin
-    batch = decode_batch_limit(
-        cost,
-        isl_tokens=demand.isl,
-        osl_tokens=demand.osl,
-        itl_target_ms=sized_ms,
-        max_kv_tokens=settings.max_kv_tokens,
-        max_num_seqs=settings.max_num_seqs,
-        held_context_tokens=held_context,
-        profile_itl_ms=floor,
-    )
+
+    def batch_at(context_tokens: float | None) -> int:
+        return decode_batch_limit(
+            cost,
+            isl_tokens=demand.isl,
+            osl_tokens=demand.osl,
+            itl_target_ms=sized_ms,
+            max_kv_tokens=settings.max_kv_tokens,
+            max_num_seqs=settings.max_num_seqs,
+            held_context_tokens=context_tokens,
+            profile_itl_ms=floor,
+        )
+
+    batch = batch_at(window_context)
     # Requests decode at the pace of a full engine, not at the target: where the KV cache (or
     # `max_num_seqs`) bounds the batch before the target does, a full engine iterates below the
     # target and its requests leave sooner. Where the target bounds it, the pace is 1 (a batch
     # of whole requests iterates a little under the target; read as a pace, that cut decode by
     # 1.5-3.3%). Never faster than the engines iterate now: engines overrun by a crowd run
     # slower than any full engine the model pictures.
-    context, need = decode_context(demand.isl, demand.osl, held_context)
+    context, need = decode_context(demand.isl, demand.osl, window_context)
     pace = 1.0
     if batch >= decode_batch_cap(
         need, max_kv_tokens=settings.max_kv_tokens, max_num_seqs=settings.max_num_seqs
@@ -89,7 +99,8 @@ def decode_wish(
         if with_held
         else 0
     )
-    needed = max(math.ceil(in_flight / batch), math.ceil(held / batch))
+    held_batch = batch_at(held_context) if held else batch
+    needed = max(math.ceil(in_flight / batch), math.ceil(held / held_batch))
     wish = settings.bounds["decode"].clamp(needed)
     return wish, {
         "needed": needed,
@@ -99,6 +110,8 @@ def decode_wish(
         "backlog_in_flight": round(drained * pace, 1),
         "held_now": held,
         "held_context_tokens": round(held_context, 1) if held_context is not None else None,
+        "window_context_tokens": round(window_context, 1) if window_context is not None else None,
+        "held_batch_limit": held_batch,
         "floor_scale": round(floor_scale, 3),
         "pace": round(pace, 4),
     }
@@ -108,6 +121,22 @@ def _slowest_decode_ms(inp: SlaInput) -> float:
     """The longest latest iteration of the decode engines that hold requests (0: none does)."""
     records = inp.fpm.get("decode", {}).values()
     return max((1000.0 * r.wall_time_s for r in records if r.scheduled.num_decode_requests), default=0.0)
+
+
+def record_held(state: SlaState, inp: SlaInput, now_s: float, window_s: float) -> None:
+    """Keep the decode engines' KV tokens and requests of this tick, for `window_s`."""
+    records = inp.fpm.get("decode", {}).values()
+    requests = sum(r.scheduled.num_decode_requests for r in records)
+    if requests:
+        state.held.append((now_s, sum(r.scheduled.sum_decode_kv_tokens for r in records), requests))
+    while state.held and state.held[0][0] <= now_s - window_s:
+        state.held.popleft()
+
+
+def _window_context(state: SlaState) -> float | None:
+    """The mean context of the requests the decode engines held over the window (None: none)."""
+    requests = sum(h[2] for h in state.held)
+    return sum(h[1] for h in state.held) / requests if requests else None
 
 
 def _held_context(inp: SlaInput) -> float | None:

@@ -26,6 +26,9 @@ class SlaState:
     # added). Their ratio scales the profile's shape beyond the batches seen (learners.py).
     decode_floor_sums: tuple[float, float, float | None] = (0.0, 0.0, None)
     first_s: float | None = None
+    # The decode engines' (t, Σ KV tokens, Σ requests) of the trend window's ticks: the context
+    # decode is sized at (decode_wish.py).
+    held: deque[tuple[float, float, int]] = field(default_factory=deque)
     # Scaling latency: the open scale-up orders (role -> (ordered at, count)) and the measurements.
     orders: dict[Role, tuple[float, int]] = field(default_factory=dict)
     lead_s: float | None = None
@@ -53,6 +56,7 @@ class SlaState:
             scale=dict(self.scale),
             decode_floor_sums=self.decode_floor_sums,
             first_s=self.first_s,
+            held=deque(self.held),
             orders=dict(self.orders),
             lead_s=self.lead_s,
             seen=dict(self.seen),

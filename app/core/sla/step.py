@@ -62,7 +62,7 @@ from app.core.sla.capacity import (
     peak_concurrency,
     prefill_engines,
 )
-from app.core.sla.decode_wish import decode_wish
+from app.core.sla.decode_wish import decode_wish, record_held
 from app.core.sla.demand import demand_at
 from app.core.sla.latency import prior_models
 from app.core.sla.learners import check_busy, learn_latency, update_lead, update_scale
@@ -93,6 +93,7 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         state.samples.append(inp.traffic)
     while state.samples and state.samples[0].end_s <= now - settings.lookback_s:
         state.samples.popleft()
+    record_held(state, inp, now, settings.trend_window_s)
     interval_s = now - state.last_tick_s if state.last_tick_s is not None else None
     state.last_tick_s = now
     seen = _request_seen(inp)
