@@ -4,7 +4,8 @@ with Dynamo's planner and fixed allocations, on the same mocker world.
 Runs under the Dynamo venv (`make dynamo-venv` makes it):
 
     .venv-dynamo/bin/python bench/dynamo_replay.py [--quick | --minutes N]
-        [--workloads a,b] [--policies planner,dynamo,fixed] [--jobs 2] [--out FILE]
+        [--workloads a,b] [--policies planner,dynamo,fixed[,first-order]] [--orders 8/4,...]
+        [--jobs 2] [--out FILE]
 
 Without Dynamo importable (the project venv, as `make bench` runs every bench/*.py) it prints one
 line saying how to install it and exits 0.
@@ -27,7 +28,11 @@ Dynamo's router (round-robin or KV-aware). Every policy runs on that same world:
   planner reads `profile_results_dir`;
 - `fixed`: a small grid of fixed (prefill, decode) counts around the profile's sizing for the
   trace's busiest minute; the table shows the cheapest that meets 99% attainment, or else the
-  highest attainment.
+  highest attainment;
+- `first-order`: from `planner`'s start, each count of that grid (or of `--orders`) ordered at
+  the first tick (5 s) and nothing after: what a policy that knew the fixed winner could reach
+  from the same start, since no order can come earlier (on a trace shorter than a few start-ups
+  the fixed allocations' head start decides the row); shown like `fixed`.
 
 `planner` and `dynamo` start from the same engines: the profile's sizing for the trace's first
 five minutes. Score: SLO attainment = requests with TTFT and mean ITL both within the targets
@@ -65,7 +70,8 @@ AZURE = REPO / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 MOONCAKE = REPO / "data" / "traces" / "mooncake_trace_arxiv_first1000.jsonl"
 DEFAULT_OUT = BENCH / "results" / "dynamo_replay.json"
 
-POLICIES = ("planner", "dynamo", "fixed")
+POLICIES = ("planner", "dynamo", "fixed", "first-order")
+FIRST_TICK_S = 5.0
 QUICK_MINUTES = 20.0
 TRACE_BLOCK = 512  # tokens per hash id in the replay's Mooncake-format trace
 ENGINE_BLOCK = 64  # the mocker's KV block
@@ -214,6 +220,7 @@ class RunSpec:
     gpu_budget: int = 64
     label: str = ""
     planner_max_num_seqs: int | None = None  # tell our planner the decode batch limit
+    order: tuple[int, int] | None = None  # first-order: the (prefill, decode) ordered at once
 
 
 @dataclass
@@ -340,6 +347,22 @@ class _Timed:
             self.ticks += 1
 
 
+class FirstOrder:
+    """A scaling policy that orders one (prefill, decode) count at the first tick, then holds."""
+
+    def __init__(self, prefill: int, decode: int) -> None:
+        self.order: tuple[int, int] | None = (prefill, decode)
+
+    def initial_tick_ms(self) -> float:
+        return FIRST_TICK_S * 1000.0
+
+    def on_tick(self, snapshot: dict) -> dict:
+        now_ms = float(snapshot["now_ms"])
+        prefill, decode = self.order or (None, None)
+        self.order = None
+        return {"target_prefill": prefill, "target_decode": decode, "next_tick_ms": now_ms + 5000.0}
+
+
 def app_digest() -> str:
     """A digest of this project's planner code (app/**/*.py) as this process reads it."""
     import hashlib
@@ -382,6 +405,10 @@ def run_one(spec: RunSpec) -> RunResult:
 
         config, d = deployment_for(workload, spec.planner_max_num_seqs)
         policy = _Timed(PlannerScalingPolicy(EmbeddedPlanner.from_config(d, base_dir=config.base_dir)))
+        native = run_mocker_trace_replay([spec.trace_path], **kwargs, scaling_policy=policy)
+    elif spec.policy == "first-order":
+        assert spec.order is not None
+        policy = _Timed(FirstOrder(*spec.order))
         native = run_mocker_trace_replay([spec.trace_path], **kwargs, scaling_policy=policy)
     elif spec.policy == "dynamo":
         adapter = dynamo_planner(spec, workload)
@@ -464,13 +491,33 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def parse_orders(text: str) -> list[tuple[int, int]]:
+    """`8/4,32/32` as [(8, 4), (32, 32)]; SystemExit naming the flag otherwise."""
+    orders = []
+    for item in (t.strip() for t in text.split(",")):
+        p, sep, d = item.partition("/")
+        if not (sep and p.isdigit() and d.isdigit() and int(p) > 0 and int(d) > 0):
+            raise SystemExit(f"--orders: expected PREFILL/DECODE counts like 8/4, got {item!r}")
+        orders.append((int(p), int(d)))
+    return orders
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated")
-    parser.add_argument("--policies", default=",".join(POLICIES), help="planner,dynamo,fixed")
+    parser.add_argument(
+        "--policies",
+        default="planner,dynamo,fixed",
+        help=f"comma-separated, of {','.join(POLICIES)} (default: planner,dynamo,fixed)",
+    )
     parser.add_argument("--quick", action="store_true", help=f"only the first {QUICK_MINUTES:.0f} minutes")
     parser.add_argument("--minutes", type=float, default=None, help="only the first N minutes of each trace")
     parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="replays at once")
+    parser.add_argument(
+        "--orders",
+        default=None,
+        help="first-order's counts, e.g. 8/4,32/32 (default: the fixed grid)",
+    )
     parser.add_argument(
         "--planner-max-num-seqs",
         type=int,
@@ -498,6 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name not in POLICIES:
             raise SystemExit(f"--policies: unknown {name!r} (have: {', '.join(POLICIES)})")
     minutes = args.minutes if args.minutes is not None else (QUICK_MINUTES if args.quick else None)
+    orders = parse_orders(args.orders) if args.orders else None
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dynamo_replay_") as tmp:
@@ -555,6 +603,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         specs.append(
                             RunSpec(policy="fixed", prefill=p, decode=dd, label=f"fixed {p}P/{dd}D", **common)
                         )
+                elif policy == "first-order":
+                    for p, dd in orders or grid:
+                        specs.append(
+                            RunSpec(
+                                policy="first-order",
+                                prefill=initial["prefill"],
+                                decode=initial["decode"],
+                                label=f"first-order {p}P/{dd}D",
+                                order=(p, dd),
+                                **common,
+                            )
+                        )
                 else:
                     specs.append(
                         RunSpec(policy=policy, prefill=initial["prefill"], decode=initial["decode"], **common)
@@ -593,16 +653,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "gpu_hours": r.gpu_hours,
                         }
                     )
-        chosen = best_fixed([r for r in mine if r.policy == "fixed"])
-        if chosen is not None:
-            rows.append(
-                {
-                    "workload": name,
-                    "policy": f"best {chosen.label}",
-                    "attainment": chosen.attainment,
-                    "gpu_hours": chosen.gpu_hours,
-                }
-            )
+        for kind in ("fixed", "first-order"):
+            chosen = best_fixed([r for r in mine if r.policy == kind])
+            if chosen is not None:
+                rows.append(
+                    {
+                        "workload": name,
+                        "policy": f"best {chosen.label}",
+                        "attainment": chosen.attainment,
+                        "gpu_hours": chosen.gpu_hours,
+                    }
+                )
     digests = sorted({r.extra["app_digest"] for r in results if r.policy == "planner"})
     if len(digests) > 1:
         log(f"warning: the planner's replays ran different app/ code ({', '.join(digests)})")
