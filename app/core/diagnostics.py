@@ -268,6 +268,8 @@ class SlaRole(Record):
     backlog_in_flight: Num = None  # of those, the prompts prefill's backlog drain sends
     held_now: Num = None
     held_context_tokens: Num = None  # mean context of the requests decode holds now (FPM)
+    window_context_tokens: Num = None  # ... held over the trend window: what the batch is sized at
+    held_batch_limit: Num = None  # the batch at the held requests' own context
     floor_scale: Num = None  # the batch-weighted measured/profile decode time the floor scales by
     pace: Num = None  # Little's law's ITL over the target: 1, or a KV- or max_num_seqs-bound full engine's
 
