@@ -71,7 +71,7 @@ MOONCAKE = REPO / "data" / "traces" / "mooncake_trace_arxiv_first1000.jsonl"
 DEFAULT_OUT = BENCH / "results" / "dynamo_replay.json"
 
 POLICIES = ("planner", "dynamo", "fixed", "first-order")
-FIRST_TICK_S = 5.0
+TICK_S = 5.0  # first-order ticks at 5 s, then every 5 s, as the planner does
 QUICK_MINUTES = 20.0
 TRACE_BLOCK = 512  # tokens per hash id in the replay's Mooncake-format trace
 ENGINE_BLOCK = 64  # the mocker's KV block
@@ -354,13 +354,13 @@ class FirstOrder:
         self.order: tuple[int, int] | None = (prefill, decode)
 
     def initial_tick_ms(self) -> float:
-        return FIRST_TICK_S * 1000.0
+        return TICK_S * 1000.0
 
     def on_tick(self, snapshot: dict) -> dict:
         now_ms = float(snapshot["now_ms"])
         prefill, decode = self.order or (None, None)
         self.order = None
-        return {"target_prefill": prefill, "target_decode": decode, "next_tick_ms": now_ms + 5000.0}
+        return {"target_prefill": prefill, "target_decode": decode, "next_tick_ms": now_ms + TICK_S * 1000.0}
 
 
 def app_digest() -> str:
@@ -400,15 +400,16 @@ def run_one(spec: RunSpec) -> RunResult:
     extra: dict[str, Any] = {}
     if spec.policy == "fixed":
         native = run_mocker_trace_replay([spec.trace_path], **kwargs, scaling_policy=None)
-    elif spec.policy == "planner":
-        from app.embedding import EmbeddedPlanner
+    elif spec.policy in ("planner", "first-order"):
+        if spec.policy == "planner":
+            from app.embedding import EmbeddedPlanner
 
-        config, d = deployment_for(workload, spec.planner_max_num_seqs)
-        policy = _Timed(PlannerScalingPolicy(EmbeddedPlanner.from_config(d, base_dir=config.base_dir)))
-        native = run_mocker_trace_replay([spec.trace_path], **kwargs, scaling_policy=policy)
-    elif spec.policy == "first-order":
-        assert spec.order is not None
-        policy = _Timed(FirstOrder(*spec.order))
+            config, d = deployment_for(workload, spec.planner_max_num_seqs)
+            inner: Any = PlannerScalingPolicy(EmbeddedPlanner.from_config(d, base_dir=config.base_dir))
+        else:
+            assert spec.order is not None
+            inner = FirstOrder(*spec.order)
+        policy = _Timed(inner)
         native = run_mocker_trace_replay([spec.trace_path], **kwargs, scaling_policy=policy)
     elif spec.policy == "dynamo":
         adapter = dynamo_planner(spec, workload)
@@ -546,6 +547,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(f"--policies: unknown {name!r} (have: {', '.join(POLICIES)})")
     minutes = args.minutes if args.minutes is not None else (QUICK_MINUTES if args.quick else None)
     orders = parse_orders(args.orders) if args.orders else None
+    if orders and "first-order" not in policies:
+        raise SystemExit("--orders: only first-order uses it; add first-order to --policies")
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dynamo_replay_") as tmp:
