@@ -288,6 +288,10 @@ class LatencyModel(Record):
 class CapacityCheck(Record):
     busy: Num = None  # prefill engines' measured busy share over the tick
     model_busy: Num = None  # the share the model says the same work takes
+    # Without every record (check_saturated): what saturated engines served, per engine, and the
+    # model's capacity for the mix.
+    served_tokens_s: Num = None
+    model_tokens_s: Num = None
     checked: Flag = None
     correction: Num = None
 

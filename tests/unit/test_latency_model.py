@@ -830,3 +830,101 @@ def test_no_busy_check_without_every_record_or_with_idle_engines(h200: PerfModel
     check = result.diagnostics["capacity_check"]
     assert check["checked"] is False and check["busy"] < 0.5
     assert run.state.correction == pytest.approx(1.0, abs=1e-6)
+
+
+# --- the saturation check (records not all there) -----------------------------------------------
+
+
+_passes = iter(range(1, 1 << 30))
+
+
+def queued_records(wall_ms: float, queued_prompts: int, engines: int = 2) -> list[ForwardPassMetrics]:
+    """Each engine's latest full chunk, with `queued_prompts` prompts of 1000 tokens waiting; a new
+    pass each call (its wall time differs from the last by a nanosecond or so)."""
+    wall_ms *= 1 + 1e-9 * next(_passes)
+    return [
+        prefill_record(wall_ms, CHUNK, queued_prompts=queued_prompts, worker=f"p{e}") for e in range(engines)
+    ]
+
+
+def saturated_run(h200: PerfModel) -> tuple[Run, float, float]:
+    """Two prefill engines, one record each per tick (not every record: no busy check), at the
+    model's own time for a full chunk (held at two: the count is not what these tests watch);
+    the first tick only records their queues."""
+    settings = settings_for(h200, ("prefill",), bounds={"prefill": RoleBounds(2, 2)})
+    run = Run(h200, settings, expected={"prefill": 2})
+    line_ms = prior_of(h200, settings).prefill.iteration_ms(CHUNK)
+    first = run.tick(100.0, fpm_new={"prefill": queued_records(line_ms, 30)}, latest=True)
+    assert "capacity_check" not in first.diagnostics  # no queue before to compare with
+    assert run.state.prefill_queue is not None and run.state.prefill_queue[0] == TICK_S
+    return run, line_ms, first.diagnostics["roles"]["prefill"]["capacity_tokens_s"]
+
+
+def test_saturated_engines_serving_less_than_the_model_says_lower_the_capacity(h200: PerfModel) -> None:
+    run, line_ms, modelled = saturated_run(h200)
+    # 30 prompts (30k tokens, more than a chunk) queued on each engine at both ends of every
+    # interval: none idled, and what they served is what arrived. They serve 80% of the model's
+    # capacity for the mix.
+    per_tick = 0.8 * modelled * 2 * TICK_S / ISL
+    for _ in range(3):
+        before = run.state.correction
+        result = run.tick(per_tick, fpm_new={"prefill": queued_records(line_ms, 30)}, latest=True)
+        check = result.diagnostics["capacity_check"]
+        assert check["checked"] is True
+        assert check["served_tokens_s"] == round(per_tick * ISL / (2 * TICK_S), 1)
+        assert check["model_tokens_s"] == pytest.approx(modelled, rel=0.01)
+        ratio = (per_tick * ISL / (2 * TICK_S)) / check["model_tokens_s"]
+        assert ratio == pytest.approx(0.8, rel=0.01)
+        assert run.state.correction == pytest.approx(before + 0.5 * (ratio - before), rel=1e-3)
+        # The sizing divides the engine times by the correction: the capacity it sizes with.
+        capacity = result.diagnostics["roles"]["prefill"]["capacity_tokens_s"]
+        assert capacity == pytest.approx(check["model_tokens_s"] * run.state.correction, rel=1e-3)
+    assert run.state.correction == pytest.approx(0.825, abs=0.005)  # 1 -> 0.9 -> 0.85 -> 0.825
+
+
+def test_no_saturation_check_where_an_engine_may_have_idled_or_the_engines_changed(h200: PerfModel) -> None:
+    run, line_ms, modelled = saturated_run(h200)
+    slow = 0.5 * modelled * 2 * TICK_S / ISL
+    # One engine's queue below a chunk (8 prompts, 8,000 tokens) at the end: it may have idled.
+    uneven = queued_records(line_ms, 30)[:1] + queued_records(line_ms, 8)[1:]
+    result = run.tick(slow, fpm_new={"prefill": uneven}, latest=True)
+    assert "capacity_check" not in result.diagnostics
+    # ... and at the start of the next interval: still no check, whatever the end.
+    result = run.tick(slow, fpm_new={"prefill": queued_records(line_ms, 30)}, latest=True)
+    assert "capacity_check" not in result.diagnostics
+    # A third engine ready since the queues were read: the count changed within the interval.
+    run.expected = {"prefill": 3}
+    three = queued_records(line_ms, 30, engines=3)
+    result = run.tick(slow, fpm_new={"prefill": three}, latest=True)
+    assert "capacity_check" not in result.diagnostics
+    # The same passes again: no engine ran one in the interval (stalled, say, behind a decode
+    # pool that takes no more), so what they served is not what they can serve.
+    result = run.tick(slow, fpm_new={"prefill": three}, latest=True)
+    assert "capacity_check" not in result.diagnostics
+    assert run.state.correction == 1.0
+
+
+def test_serving_more_than_the_model_says_never_raises_the_capacity(h200: PerfModel) -> None:
+    run, line_ms, modelled = saturated_run(h200)
+    # Twice the model's capacity served (a prefix cache serves prompt tokens it never computes):
+    # checked, and the correction stays at 1.
+    result = run.tick(
+        2.0 * modelled * 2 * TICK_S / ISL, fpm_new={"prefill": queued_records(line_ms, 30)}, latest=True
+    )
+    check = result.diagnostics["capacity_check"]
+    assert check["checked"] is True
+    assert check["served_tokens_s"] == pytest.approx(2.0 * check["model_tokens_s"], rel=0.01)
+    assert run.state.correction == 1.0
+
+
+def test_the_busy_check_comes_first_when_every_record_is_there(h200: PerfModel) -> None:
+    run = busy_run(h200)
+    # Every record of the interval, and queues on both engines: the busy check reads the records.
+    records = [
+        prefill_record(r.wall_time_s * 1000.0, CHUNK, queued_prompts=30, worker=r.worker_id)
+        for r in chunk_records(run.state.latency.prefill.iteration_ms(CHUNK))  # type: ignore[union-attr]
+    ]
+    for _ in range(2):
+        result = run.tick(10.0, fpm_new={"prefill": records}, complete={"prefill": True}, latest=True)
+        assert "busy" in result.diagnostics["capacity_check"]
+        assert "served_tokens_s" not in result.diagnostics["capacity_check"]

@@ -1,5 +1,6 @@
 """What SLA scaling measures of the world: the engines' iteration costs (`learn_latency`, into
-app/core/sla/latency.py's models), whether prefill is as busy as those say (`check_busy`), the
+app/core/sla/latency.py's models), whether prefill is as busy as those say (`check_busy`, or where
+the records are not all there, `check_saturated`), the
 engines' speed over the profile's (`scale`, reported only; decode's, weighted by batch, scales
 the profile's floor beyond the batches seen: `decode_floor_scale`) and how long ordered engines
 take to serve (`lead_s`, from its own scale-ups)."""
@@ -13,6 +14,7 @@ import numpy as np
 
 from app.core.perf.fpm import ForwardPassMetrics
 from app.core.perf.interpolation import PerfModel
+from app.core.sla.capacity import LengthMix, prefill_engines
 from app.core.sla.latency import prefill_rows
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState
@@ -148,6 +150,57 @@ def check_busy(
         "busy": round(busy, 3),
         "model_busy": round(model_busy, 3),
         "checked": checked,
+        "correction": round(state.correction, 3),
+    }
+
+
+def check_saturated(
+    state: SlaState, inp: SlaInput, interval_s: float | None, mix: LengthMix, settings: SlaSettings
+) -> dict[str, float | bool] | None:
+    """The prefill model against what saturated engines served, where `check_busy` cannot run
+    (one record per engine per tick: Dynamo's replay, a publisher that drops records). When every
+    prefill engine ran a forward pass in the interval and had at least a full chunk queued at both
+    of its ends, none idled in it, and the prompt tokens they served (queued before + arrived −
+    queued now) over the interval are their capacity. Below the model's capacity for the mix, the
+    correction moves towards the ratio as `check_busy`'s does. Only down to it, at most to 1: the
+    prompt tokens include prefixes a cache served without computing them, so more served than
+    modelled is not more capacity. Records the engines' latest passes for the next tick; None
+    when it could not check."""
+    latest = dict(inp.fpm.get("prefill", {}))
+    engines = inp.ready.get("prefill", 0)
+    before, state.prefill_queue = state.prefill_queue, None
+    if state.latency is None or engines <= 0 or len(latest) != engines:
+        return None
+    state.prefill_queue = (inp.now_s, latest)
+    chunk = state.latency.prefill.chunk_tokens
+    t = inp.traffic
+    if (
+        before is None
+        or not interval_s
+        or abs(inp.now_s - before[0] - interval_s) > 1e-6
+        or before[1].keys() != latest.keys()
+        # An engine whose latest pass is the one seen before ran none: stalled or idle, not full.
+        or any(before[1][key] == record for key, record in latest.items())
+        or min(r.queued.sum_prefill_tokens for r in (*before[1].values(), *latest.values())) < chunk
+        or t is None
+        or t.isl is None
+        or abs(t.duration_s - interval_s) > 0.5 * interval_s
+    ):
+        return None
+    modelled = prefill_engines(
+        state.latency.prefill, token_rate_s=0.0, mix=mix, ttft_target_ms=settings.ttft_target_ms
+    ).capacity_tokens_s
+    queued_before = sum(r.queued.sum_prefill_tokens for r in before[1].values())
+    served = queued_before + t.num_req * t.isl - sum(r.queued.sum_prefill_tokens for r in latest.values())
+    if modelled <= 0 or served <= 0:
+        return None
+    achieved = served / (interval_s * engines)
+    ratio = min(1.0, max(0.5, achieved / modelled))
+    state.correction += 0.5 * (ratio - state.correction)
+    return {
+        "served_tokens_s": round(achieved, 1),
+        "model_tokens_s": round(modelled, 1),
+        "checked": True,
         "correction": round(state.correction, 3),
     }
 

@@ -37,6 +37,9 @@ class SlaState:
     # capacity correction from their busy time, and what quiet periods were like.
     latency: LatencyModels | None = None
     correction: float = 1.0
+    # The prefill engines' latest forward passes at the last tick (t, per engine), for
+    # `check_saturated`: their queues, and whether each ran a pass since.
+    prefill_queue: tuple[float, dict[EngineKey, ForwardPassMetrics]] | None = None
     quiet: QuietState = field(default_factory=QuietState)
     last_tick_s: float | None = None
     lengths: tuple[float, float] | None = None  # the last (mean ISL, mean OSL) with traffic
@@ -62,6 +65,7 @@ class SlaState:
             seen=dict(self.seen),
             latency=self.latency,
             correction=self.correction,
+            prefill_queue=self.prefill_queue,
             quiet=self.quiet,
             last_tick_s=self.last_tick_s,
             lengths=self.lengths,

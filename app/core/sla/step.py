@@ -65,7 +65,7 @@ from app.core.sla.capacity import (
 from app.core.sla.decode_wish import decode_wish, record_held
 from app.core.sla.demand import demand_at
 from app.core.sla.latency import prior_models
-from app.core.sla.learners import check_busy, learn_latency, update_lead, update_scale
+from app.core.sla.learners import check_busy, check_saturated, learn_latency, update_lead, update_scale
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState
 from app.core.sla.types import Demand, SlaInput, SlaReason, SlaResult
@@ -154,6 +154,8 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         "osl_mean": round(demand.osl, 1),
     }
     check = check_busy(state, inp, interval_s, settings)
+    saturated = check_saturated(state, inp, interval_s, demand.mix, settings) if check is None else None
+    check = check or saturated
     if check is not None:
         diagnostics["capacity_check"] = check
     wish, role_diag = _wishes(demand, inp, state, settings, lead_s, model)
