@@ -238,6 +238,7 @@ class SlaDemand(Record):
     growth_regression_ceiling: list[float] | None = None
     ramp_per_s: list[float] | None = None
     ramp_growth_per_s: list[float] | None = None  # a steady rise's growth rates (None: no ramp)
+    surge: list[float] | None = None  # a rise under way: [lasted s, request rate carried to]
     isl_mean: Num = None
     isl_quantile: Num = None
     osl_mean: Num = None

@@ -35,7 +35,7 @@ from app.core.sla.capacity import (
     prefill_engines,
     profile_decode_floor,
 )
-from app.core.sla.demand import _busiest, _growth_quantiles, _quantile_line
+from app.core.sla.demand import _busiest, _growth_quantiles, _quantile_line, _surge
 from app.core.sla.latency import DecodeCost, LatencyModels, PrefillCost, prefill_features, prior_models
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState
@@ -1148,6 +1148,54 @@ def test_a_steady_rise_is_carried_a_lead_ahead_and_a_step_only_to_the_levels_see
     # A step is no forecast the headroom learns beyond: the level is recorded as it.
     _, tokens_s, _, forecast_tokens_s, _ = step.state.history[-1]
     assert forecast_tokens_s == tokens_s == pytest.approx(trend_tokens_s)
+
+
+def test_a_crowd_still_arriving_is_carried_as_long_as_it_has_lasted_and_a_split_step_is_not(
+    h200: PerfModel,
+) -> None:
+    """A crowd rising at the tick scale (40 requests a tick, then 80, 160, 240, 320): from the
+    third rise in a row it is carried ahead at its pace for as long as it has lasted (at most
+    the lead), since engines ordered now come a lead later. A burst after a quiet minute that
+    starts mid-tick rises in two ticks and then holds: a step, not a crowd, and not carried."""
+    settings = settings_for(
+        h200, ("prefill",), trend=True, cold_start_growth=1.0, bounds={"prefill": RoleBounds(1, 64)}
+    )
+    lead_s = settings.startup_estimate_s  # no order is measured: the estimate (120 s)
+    crowd = Run(h200, settings, expected={"prefill": 1}, ready={"prefill": 1})
+    for _ in range(24):
+        result = crowd.tick(40.0, follow=False)
+    surges = []
+    for count in (80.0, 160.0, 240.0, 320.0):
+        result = crowd.tick(count, follow=False)
+        surges.append(result.diagnostics["demand"]["surge"])
+    assert surges[:2] == [None, None]  # one rise, then two: a step split across a tick boundary
+    # Three rises (40 -> 240 over 15 s): carried 15 s more at 40 requests/s per second; four
+    # (40 -> 320 over 20 s): 20 s more.
+    assert surges[2] == [15.0, pytest.approx(240 / TICK_S + (240 - 40) / TICK_S / 15.0 * 15.0, abs=0.1)]
+    assert surges[3] == [20.0, pytest.approx(320 / TICK_S + (320 - 40) / TICK_S / 20.0 * 20.0, abs=0.1)]
+    assert result.diagnostics["demand"]["token_rate_s"] == pytest.approx(surges[3][1] * ISL, rel=1e-3)
+    # A lead shorter than the rise has lasted carries it one lead: a crowd seen for 20 s with
+    # engines 10 s away is carried 10 s.
+    assert _surge(list(crowd.state.samples), 10.0) == (
+        20.0,
+        pytest.approx(64.0 + 56.0 / 20.0 * 10.0),
+    )
+    # The crowd holds: no rise this tick, no surge; the level and the headroom take over.
+    result = crowd.tick(320.0, follow=False)
+    assert result.diagnostics["demand"]["surge"] is None
+    assert lead_s > 20.0
+
+    step = Run(h200, settings, expected={"prefill": 1}, ready={"prefill": 1})
+    for count in [0.0] * 12 + [150.0, 300.0, 300.0, 300.0]:
+        result = step.tick(count, follow=False)
+        assert result.diagnostics["demand"]["surge"] is None
+    # Rises of about one Poisson standard deviation each (100, 115, 130, 145, 160 requests a
+    # tick: 3 requests/s against 2.9-3.5) are no surge: a slope that slow is the trend's and its
+    # ramp's to carry, not a crowd's.
+    noise = Run(h200, settings, expected={"prefill": 1}, ready={"prefill": 1})
+    for count in [100.0] * 12 + [115.0, 130.0, 145.0, 160.0]:
+        result = noise.tick(count, follow=False)
+        assert result.diagnostics["demand"]["surge"] is None
 
 
 def test_a_few_ticks_are_not_enough_to_call_traffic_bursty(h200: PerfModel) -> None:

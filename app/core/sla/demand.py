@@ -23,6 +23,12 @@ _QUANTREG_MAX_ITER = 2000
 # at a 300 s start-up (a rise to new highs read as x1) and 13 on flash-crowd in `prefix-cost` at
 # 120 s (docs/benchmarks.md, session 10).
 _FAR_BELOW = 2.0
+# A surge: this many ticks in a row, each arriving faster than the one before by more than
+# `_SURGE_SD` standard deviations of that difference under Poisson counts. Two rises in a row are
+# also a step that straddles a tick boundary (a burst after a quiet period, starting mid-tick);
+# three are a crowd still arriving. Set before measuring (docs/benchmarks.md, session 16).
+_SURGE_TICKS = 3
+_SURGE_SD = 3.0
 
 
 def _rates(samples: list[TrafficSample]) -> tuple[float, float, float | None, float | None]:
@@ -119,9 +125,13 @@ def demand_at(
         cold = settings.cold_start_growth
         growth = Growth(tokens=cold, flight=cold, neighbours=(cold, cold), regression=None)
     g_tokens, g_flight = (growth.tokens, growth.flight) if growth else (1.0, 1.0)
-    tokens_s = max(level * isl, trend * isl * g_tokens, ramp_tokens)
+    # A crowd still arriving rises faster than the level window's busiest burst can follow, and
+    # its engines are a lead away: carried ahead at its pace, for as long as it has lasted.
+    surge = _surge(list(state.samples), lead_s) if settings.trend else None
+    surge_rate = surge[1] if surge else 0.0
+    tokens_s = max(level * isl, trend * isl * g_tokens, ramp_tokens, surge_rate * isl)
     dispersion = _dispersion(list(state.samples), settings.dispersion_prior_s)
-    flight_mean = max(in_flight(level), in_flight(trend) * g_flight, ramp_flight)
+    flight_mean = max(in_flight(level), in_flight(trend) * g_flight, ramp_flight, in_flight(surge_rate))
     buckets = _merged_buckets(list(state.samples))
     # No histogram (Dynamo's replay gives means only): the mean, at an exponential spread.
     mix = LengthMix.from_histogram(buckets, isl, settings.quantile)
@@ -141,7 +151,28 @@ def demand_at(
         ramp=ramp,
         ramp_growth=rates,
         level_in_flight=in_flight(level),
+        surge=surge,
     )
+
+
+def _surge(samples: list[TrafficSample], lead_s: float) -> tuple[float, float] | None:
+    """A rise under way at the tick scale: (how long it has lasted, the request rate it is
+    carried to). When each of the last `_SURGE_TICKS` or more ticks arrived faster than the one
+    before by more than `_SURGE_SD` Poisson standard deviations, the rise since the tick before
+    the first goes on at its mean pace for as long as it has lasted, at most `lead_s`: a crowd
+    half arrived is taken to arrive as much again. None otherwise (the last tick no longer rose:
+    the level, the trend and the headroom take over)."""
+    rates = [(s.num_req / s.duration_s, s.num_req, s.duration_s) for s in samples if s.duration_s > 0]
+    rises, lasted_s = 0, 0.0
+    for (before, n0, d0), (after, n1, d1) in zip(reversed(rates[:-1]), reversed(rates[1:]), strict=True):
+        if after - before <= _SURGE_SD * math.sqrt(n1 / d1**2 + n0 / d0**2):
+            break
+        rises += 1
+        lasted_s += d1
+    if rises < _SURGE_TICKS:
+        return None
+    start, now = rates[-1 - rises][0], rates[-1][0]
+    return lasted_s, now + (now - start) / lasted_s * min(lasted_s, lead_s)
 
 
 def _slopes(

@@ -149,6 +149,7 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         "growth_regression_ceiling": _rounded(demand.growth.ceiling) if demand.growth_learned else None,
         "ramp_per_s": [round(r, 4) for r in demand.ramp],
         "ramp_growth_per_s": _rounded(demand.ramp_growth, 6),
+        "surge": _rounded(demand.surge, 1),
         "isl_mean": round(demand.isl, 1),
         "isl_quantile": round(demand.mix.quantile, 1),
         "osl_mean": round(demand.osl, 1),

@@ -94,3 +94,4 @@ class Demand:
     ramp: tuple[float, float]  # slopes of the two levels per second (0 when falling)
     ramp_growth: tuple[float, float] | None  # their growth rates per second, if rising steadily
     level_in_flight: float  # requests in decode at the level alone (no forecast)
+    surge: tuple[float, float] | None = None  # a rise under way: (lasted s, request rate carried to)
