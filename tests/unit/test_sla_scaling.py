@@ -1198,6 +1198,24 @@ def test_a_crowd_still_arriving_is_carried_as_long_as_it_has_lasted_and_a_split_
         assert result.diagnostics["demand"]["surge"] is None
 
 
+def test_rises_within_the_traffics_own_burstiness_are_no_surge(h200: PerfModel) -> None:
+    """Bursty traffic (1,000 and 1,400 requests a tick in turn: dispersion about 6) rises 1,300,
+    1,600, 1,900, 2,200: three rises of 60 requests/s, each more than 3 Poisson standard
+    deviations (38 requests/s) but within 3 of its own (96). The standard deviation is Poisson's times the
+    dispersion the demand reads: the Azure trace at 30x (each request 30 arriving within a
+    second) ran such rises on noise and paid for engines it did not need."""
+    settings = settings_for(h200, ("prefill",), trend=True, cold_start_growth=1.0)
+    run = Run(h200, settings, expected={"prefill": 1}, ready={"prefill": 1})
+    for count in [1000.0, 1400.0] * 12 + [1300.0, 1600.0, 1900.0, 2200.0]:
+        result = run.tick(count, follow=False)
+        assert result.diagnostics["demand"]["surge"] is None
+    assert result.diagnostics["demand"]["dispersion"] == round(dispersion(run.counts), 2)
+    assert result.diagnostics["demand"]["dispersion"] == pytest.approx(6.26, abs=0.01)
+    # Read as Poisson, the same three rises would be a crowd, carried 15 s.
+    assert _surge(list(run.state.samples), 120.0) is not None
+    assert _surge(list(run.state.samples), 120.0, dispersion(run.counts)) is None
+
+
 def test_a_few_ticks_are_not_enough_to_call_traffic_bursty(h200: PerfModel) -> None:
     settings = settings_for(h200, ("prefill",))
     run = Run(h200, settings, expected={"prefill": 1})
