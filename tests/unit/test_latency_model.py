@@ -856,7 +856,7 @@ def saturated_run(h200: PerfModel) -> tuple[Run, float, float]:
     line_ms = prior_of(h200, settings).prefill.iteration_ms(CHUNK)
     first = run.tick(100.0, fpm_new={"prefill": queued_records(line_ms, 30)}, latest=True)
     assert "capacity_check" not in first.diagnostics  # no queue before to compare with
-    assert run.state.prefill_queue is not None and run.state.prefill_queue[0] == TICK_S
+    assert run.state.prefill_passes is not None and run.state.prefill_passes[0] == TICK_S
     return run, line_ms, first.diagnostics["roles"]["prefill"]["capacity_tokens_s"]
 
 

@@ -24,9 +24,10 @@ _QUANTREG_MAX_ITER = 2000
 # 120 s (docs/benchmarks.md, session 10).
 _FAR_BELOW = 2.0
 # A surge: this many ticks in a row, each arriving faster than the one before by more than
-# `_SURGE_SD` standard deviations of that difference under Poisson counts. Two rises in a row are
-# also a step that straddles a tick boundary (a burst after a quiet period, starting mid-tick);
-# three are a crowd still arriving. Set before measuring (docs/benchmarks.md, session 16).
+# `_SURGE_SD` standard deviations of that difference (Poisson's times the traffic's dispersion).
+# Two rises in a row are also a step that straddles a tick boundary (a burst after a quiet period,
+# starting mid-tick); three are a crowd still arriving. Set before measuring (docs/benchmarks.md,
+# session 16).
 _SURGE_TICKS = 3
 _SURGE_SD = 3.0
 

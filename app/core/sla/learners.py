@@ -168,10 +168,10 @@ def check_saturated(
     when it could not check."""
     latest = dict(inp.fpm.get("prefill", {}))
     engines = inp.ready.get("prefill", 0)
-    before, state.prefill_queue = state.prefill_queue, None
+    before, state.prefill_passes = state.prefill_passes, None
     if state.latency is None or engines <= 0 or len(latest) != engines:
         return None
-    state.prefill_queue = (inp.now_s, latest)
+    state.prefill_passes = (inp.now_s, latest)
     chunk = state.latency.prefill.chunk_tokens
     t = inp.traffic
     if (

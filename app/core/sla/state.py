@@ -39,7 +39,7 @@ class SlaState:
     correction: float = 1.0
     # The prefill engines' latest forward passes at the last tick (t, per engine), for
     # `check_saturated`: their queues, and whether each ran a pass since.
-    prefill_queue: tuple[float, dict[EngineKey, ForwardPassMetrics]] | None = None
+    prefill_passes: tuple[float, dict[EngineKey, ForwardPassMetrics]] | None = None
     quiet: QuietState = field(default_factory=QuietState)
     last_tick_s: float | None = None
     lengths: tuple[float, float] | None = None  # the last (mean ISL, mean OSL) with traffic
@@ -65,7 +65,7 @@ class SlaState:
             seen=dict(self.seen),
             latency=self.latency,
             correction=self.correction,
-            prefill_queue=self.prefill_queue,
+            prefill_passes=self.prefill_passes,
             quiet=self.quiet,
             last_tick_s=self.last_tick_s,
             lengths=self.lengths,
