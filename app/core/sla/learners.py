@@ -144,14 +144,19 @@ def check_busy(
     model_busy = model_s / (interval_s * engines)
     checked = busy >= settings.busy_check_min and model_busy > 0
     if checked:
-        ratio = min(1.25, max(0.5, state.correction * model_busy / busy))
-        state.correction += 0.5 * (ratio - state.correction)
+        _correct(state, state.correction * model_busy / busy, highest=1.25)
     return {
         "busy": round(busy, 3),
         "model_busy": round(model_busy, 3),
         "checked": checked,
         "correction": round(state.correction, 3),
     }
+
+
+def _correct(state: SlaState, ratio: float, *, highest: float) -> None:
+    """Move the prefill capacity correction halfway towards what a check measured, bounded to
+    [0.5, `highest`]: a few ticks follow a real change, one odd interval moves it only so far."""
+    state.correction += 0.5 * (min(highest, max(0.5, ratio)) - state.correction)
 
 
 def check_saturated(
@@ -195,8 +200,7 @@ def check_saturated(
     if modelled <= 0 or served <= 0:
         return None
     achieved = served / (interval_s * engines)
-    ratio = min(1.0, max(0.5, achieved / modelled))
-    state.correction += 0.5 * (ratio - state.correction)
+    _correct(state, achieved / modelled, highest=1.0)
     return {
         "served_tokens_s": round(achieved, 1),
         "model_tokens_s": round(modelled, 1),

@@ -155,8 +155,8 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         "osl_mean": round(demand.osl, 1),
     }
     check = check_busy(state, inp, interval_s, settings)
-    saturated = check_saturated(state, inp, interval_s, demand.mix, settings) if check is None else None
-    check = check or saturated
+    if check is None:
+        check = check_saturated(state, inp, interval_s, demand.mix, settings)
     if check is not None:
         diagnostics["capacity_check"] = check
     wish, role_diag = _wishes(demand, inp, state, settings, lead_s, model)
