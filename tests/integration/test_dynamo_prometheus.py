@@ -2,7 +2,7 @@
 
 The stack is deploy/dynamo-local/stack.py's (the real `dynamo.frontend`, one prefill and one
 decode `dynamo.mocker`, file discovery, on loopback); `prometheus` (tests/support_frontend.py's
-PrometheusServer, job "frontend") scrapes the frontend's `/metrics` every second. Requests of
+PrometheusServer, job "frontend") scrapes the frontend's `/metrics` every two seconds. Requests of
 known lengths go to `/v1/completions` (the stack's tokenizer is word-level: load.py's prompt of n
 words is n tokens, and `ignore_eos` with `max_tokens` fixes the output length), then the window
 is read back twice: through the planner's PrometheusSource configured as `planner serve` would
@@ -73,7 +73,11 @@ COUNTS = [
 # The batch: (ISL, OSL) per request, several lengths so that a mean is not just one request's.
 BATCH = [(isl, osl) for isl in (300, 700, 1200) for osl in (8, 20)] * 2
 WARM_UP = loadgen.Request(0.0, 50, 4)
-SPARE_SCRAPES_S = 6.0  # scrapes kept on either side of the batch (see whole_seconds_apart)
+# Two seconds, not one: Prometheus snaps a late scrape's timestamp to the interval's schedule only
+# while its tolerance is under 1% of the interval, and at 1 s (9 ms) scrapes on a loaded CI
+# machine ran 4-16 ms late, so no two were a whole number of seconds apart; at 2 s it is 19 ms.
+SCRAPE_INTERVAL_S = 2
+SPARE_SCRAPES_S = 4.0 * SCRAPE_INTERVAL_S  # scrapes kept on either side of the batch
 
 
 @dataclass
@@ -92,7 +96,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         StackConfig(workdir=str(tmp_path_factory.mktemp("dynamo")), port=free_port(), startup_s=0.5)
     )
     work = Path(tmp_path_factory.mktemp("prometheus"))
-    prometheus = PrometheusServer(binary, work, [f"127.0.0.1:{stack.config.port}"], scrape_interval_s=1)
+    prometheus = PrometheusServer(
+        binary, work, [f"127.0.0.1:{stack.config.port}"], scrape_interval_s=SCRAPE_INTERVAL_S
+    )
     try:
         stack.start(prefill=1, decode=1, timeout_s=120)
         prometheus.start()
@@ -131,9 +137,9 @@ def whole_seconds_apart(
     warm-up only), one from `full[0]` on with `full[1]` (the whole batch), a whole number of
     seconds apart to the millisecond, so that a window of whole seconds ending on the second
     starts on the first. Prometheus aligns scrape timestamps to the interval only when a scrape
-    is at most `--scrape.timestamp-tolerance` late (9 ms here, tests/support_frontend.py); on a
-    busy machine some are later, so the test looks for a pair among six seconds of scrapes on
-    either side."""
+    is at most `--scrape.timestamp-tolerance` late (19 ms at this test's 2 s interval,
+    tests/support_frontend.py); on a busy machine some may be later still, so the test looks for
+    a pair among four intervals of scrapes on either side."""
     (series,) = prometheus.query(f"{STARTED}[2m]")
     samples = [(round(float(t) * 1000), float(v)) for t, v in series["values"]]
     starts = [t for t, v in samples if v == quiet[1] and t >= round(quiet[0] * 1000)]
