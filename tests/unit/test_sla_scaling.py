@@ -1154,9 +1154,10 @@ def test_a_crowd_still_arriving_is_carried_as_long_as_it_has_lasted_and_a_split_
     h200: PerfModel,
 ) -> None:
     """A crowd rising at the tick scale (40 requests a tick, then 80, 160, 240, 320): from the
-    third rise in a row it is carried ahead at its pace for as long as it has lasted (at most
+    second rise in a row it is carried ahead at its pace for as long as it has lasted (at most
     the lead), since engines ordered now come a lead later. A burst after a quiet minute that
-    starts mid-tick rises in two ticks and then holds: a step, not a crowd, and not carried."""
+    starts mid-tick rises in two ticks and then holds: a step, not a crowd, and not carried;
+    from near silence (at most the quiet fraction of the rate now) it takes a third rise."""
     settings = settings_for(
         h200, ("prefill",), trend=True, cold_start_growth=1.0, bounds={"prefill": RoleBounds(1, 64)}
     )
@@ -1168,9 +1169,11 @@ def test_a_crowd_still_arriving_is_carried_as_long_as_it_has_lasted_and_a_split_
     for count in (80.0, 160.0, 240.0, 320.0):
         result = crowd.tick(count, follow=False)
         surges.append(result.diagnostics["demand"]["surge"])
-    assert surges[:2] == [None, None]  # one rise, then two: a step split across a tick boundary
-    # Three rises (40 -> 240 over 15 s): carried 15 s more at 40 requests/s per second; four
-    # (40 -> 320 over 20 s): 20 s more.
+    assert surges[0] is None  # one rise: a step as much as a crowd
+    # Two rises from a busy level (40 -> 160 over 10 s): carried 10 s more at 24 requests/s per
+    # second; three (40 -> 240 over 15 s): 15 s more; four (40 -> 320 over 20 s): 20 s more.
+    assert settings.quiet_fraction * 160.0 < 40.0
+    assert surges[1] == [10.0, pytest.approx(160 / TICK_S + (160 - 40) / TICK_S / 10.0 * 10.0, abs=0.1)]
     assert surges[2] == [15.0, pytest.approx(240 / TICK_S + (240 - 40) / TICK_S / 15.0 * 15.0, abs=0.1)]
     assert surges[3] == [20.0, pytest.approx(320 / TICK_S + (320 - 40) / TICK_S / 20.0 * 20.0, abs=0.1)]
     assert result.diagnostics["demand"]["token_rate_s"] == pytest.approx(surges[3][1] * ISL, rel=1e-3)
@@ -1185,10 +1188,18 @@ def test_a_crowd_still_arriving_is_carried_as_long_as_it_has_lasted_and_a_split_
     assert result.diagnostics["demand"]["surge"] is None
     assert lead_s > 20.0
 
-    step = Run(h200, settings, expected={"prefill": 1}, ready={"prefill": 1})
-    for count in [0.0] * 12 + [150.0, 300.0, 300.0, 300.0]:
-        result = step.tick(count, follow=False)
-        assert result.diagnostics["demand"]["surge"] is None
+    # From silence, or a trickle at most the quiet fraction of the rate now, two rises are a
+    # burst that began mid-tick: not carried (the quiet period's keep answers for its size).
+    for quiet in (0.0, 2.0):
+        step = Run(h200, settings, expected={"prefill": 1}, ready={"prefill": 1})
+        for count in [quiet] * 12 + [150.0, 300.0, 300.0, 300.0]:
+            result = step.tick(count, follow=False)
+            assert result.diagnostics["demand"]["surge"] is None
+    # The same two rises from a busy level are a crowd's first: carried.
+    busy = Run(h200, settings, expected={"prefill": 1}, ready={"prefill": 1})
+    for count in [40.0] * 12 + [150.0, 300.0]:
+        result = busy.tick(count, follow=False)
+    assert result.diagnostics["demand"]["surge"] == [10.0, pytest.approx(60.0 + 52.0, abs=0.1)]
     # Rises of about one Poisson standard deviation each (100, 115, 130, 145, 160 requests a
     # tick: 3 requests/s against 2.9-3.5) are no surge: a slope that slow is the trend's and its
     # ramp's to carry, not a crowd's.

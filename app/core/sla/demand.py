@@ -23,12 +23,15 @@ _QUANTREG_MAX_ITER = 2000
 # at a 300 s start-up (a rise to new highs read as x1) and 13 on flash-crowd in `prefix-cost` at
 # 120 s (docs/benchmarks.md, session 10).
 _FAR_BELOW = 2.0
-# A surge: this many ticks in a row, each arriving faster than the one before by more than
-# `_SURGE_SD` standard deviations of that difference (Poisson's times the traffic's dispersion).
-# Two rises in a row are also a step that straddles a tick boundary (a burst after a quiet period,
-# starting mid-tick); three are a crowd still arriving. Set before measuring (docs/benchmarks.md,
-# session 16).
-_SURGE_TICKS = 3
+# A surge: ticks in a row, each arriving faster than the one before by more than `_SURGE_SD`
+# standard deviations of that difference (Poisson's times the traffic's dispersion). Two rises in
+# a row from a busy level are a crowd still arriving; from near silence (at most the quiet
+# fraction of the rate now) two are also a burst after a quiet period that began mid-tick, a step
+# whose size the quiet period's keep (quiet.py) answers for, so there it takes three. Three
+# everywhere and the 3 sd were set before measuring (docs/benchmarks.md, session 16); two from a
+# busy level was adopted on the train half by a rule set before its run (session 17).
+_SURGE_TICKS_FROM_QUIET = 3
+_SURGE_TICKS = 2
 _SURGE_SD = 3.0
 
 
@@ -129,7 +132,9 @@ def demand_at(
     # A crowd still arriving rises faster than the level window's busiest burst can follow, and
     # its engines are a lead away: carried ahead at its pace, for as long as it has lasted.
     dispersion = _dispersion(list(state.samples), settings.dispersion_prior_s)
-    surge = _surge(list(state.samples), lead_s, dispersion) if settings.trend else None
+    surge = (
+        _surge(list(state.samples), lead_s, dispersion, settings.quiet_fraction) if settings.trend else None
+    )
     surge_rate = surge[1] if surge else 0.0
     tokens_s = max(level * isl, trend * isl * g_tokens, ramp_tokens, surge_rate * isl)
     flight_mean = max(in_flight(level), in_flight(trend) * g_flight, ramp_flight, in_flight(surge_rate))
@@ -157,10 +162,11 @@ def demand_at(
 
 
 def _surge(
-    samples: list[TrafficSample], lead_s: float, dispersion: float = 1.0
+    samples: list[TrafficSample], lead_s: float, dispersion: float = 1.0, quiet_fraction: float = 0.0
 ) -> tuple[float, float] | None:
     """A rise under way at the tick scale: (how long it has lasted, the request rate it is
-    carried to). When each of the last `_SURGE_TICKS` or more ticks arrived faster than the one
+    carried to). When each of the last `_SURGE_TICKS` or more ticks (`_SURGE_TICKS_FROM_QUIET`
+    where the rise began at most `quiet_fraction` of the rate now) arrived faster than the one
     before by more than `_SURGE_SD` standard deviations of that difference (Poisson's times the
     traffic's `dispersion`: the Azure trace at 30x, each request 30 arriving within a second,
     runs of three such rises on noise alone at Poisson's), the rise since the tick before
@@ -174,9 +180,11 @@ def _surge(
             break
         rises += 1
         lasted_s += d1
-    if rises < _SURGE_TICKS:
+    if not rises:
         return None
     start, now = rates[-1 - rises][0], rates[-1][0]
+    if rises < (_SURGE_TICKS_FROM_QUIET if start <= quiet_fraction * now else _SURGE_TICKS):
+        return None
     return lasted_s, now + (now - start) / lasted_s * min(lasted_s, lead_s)
 
 

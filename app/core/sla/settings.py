@@ -128,7 +128,8 @@ class SlaTuning(BaseModel):
         default=0.1,
         gt=0,
         lt=1,
-        description="traffic below this share of its usual busy level is a quiet period",
+        description="traffic below this share of its usual busy level is a quiet period (and a surge from "
+        "below this share of the rate it reached needs three rising ticks, not two)",
     )
     quiet_keep_probability: float = Field(
         default=0.2,
