@@ -181,11 +181,17 @@ def test_prefill_busy_is_alone_unless_the_engine_packs_prompts() -> None:
     assert (alone.packs, packing.packs) == (False, True)
     for isl in (1000.0, 2 * CHUNK + 3000.0):
         assert alone.busy_s(isl) == alone.alone_s(isl)
-    # Packed, a 1000-token prompt shares its iteration with 7.192 others: it pays the fixed
-    # 15 ms only for its own share of the chunk, 1000/8192 of it.
-    assert packing.busy_s(1000) == pytest.approx(
-        packing.alone_s(1000) - PA * (1 - 1000 / CHUNK) / 1000, rel=1e-6
-    )
+    # Packed, a 1000-token prompt shares its iteration with 7.192 others: read per prompt it
+    # pays the fixed 15 ms only for its own share of the chunk, 1000/8192 of it (17.3 ms); but
+    # no less than its tokens' share of one full single-prompt chunk (171.4 ms × 1000/8192,
+    # 20.9 ms): a packed chunk may cost what one sequence of its tokens does.
+    per_prompt_s = packing.alone_s(1000) - PA * (1 - 1000 / CHUNK) / 1000
+    full_chunk_share_s = packing.iteration_ms(CHUNK) / 1000 * 1000 / CHUNK
+    assert per_prompt_s == pytest.approx(0.01733, abs=1e-5)
+    assert full_chunk_share_s == pytest.approx(0.02093, abs=1e-5)
+    assert packing.busy_s(1000) == pytest.approx(full_chunk_share_s, rel=1e-12)
+    # A prompt longer than two chunks reads its own prefix: per prompt it costs more than its
+    # share of full single-prompt chunks, and that reading stands.
     assert packing.busy_s(2 * CHUNK + 3000) == pytest.approx(
         packing.alone_s(2 * CHUNK + 3000) - PA * (3 - (2 * CHUNK + 3000) / CHUNK) / 1000, rel=1e-6
     )

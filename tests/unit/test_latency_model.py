@@ -394,11 +394,20 @@ def test_an_engine_that_packs_prompts_into_its_chunks_is_sized_so(h200: PerfMode
     assert result.diagnostics["latency"]["prefill"]["packs_prompts"] is True
     # 100 records, then 0.9 × 100 + 100.
     assert cost.packed_evidence == pytest.approx(190.0, rel=1e-12)
-    # Packed, a 1000-token prompt pays its share of a full chunk's fixed cost (1000/8192 of
-    # 16.5 ms) and its own tokens: 17.6 ms, 56,700 tokens/s, against 31,100 one per iteration.
+    # Packed, a 1000-token prompt pays its tokens' share of one full single-prompt chunk
+    # (8192 tokens in 169.2 ms: 48,400 tokens/s), against 31,100 one per iteration. Read per
+    # prompt (its share of the chunk's fixed cost, its own tokens, attention to its own 1000
+    # only: 17.6 ms, 56,700 tokens/s) this world would serve 17% more; the planner does not
+    # count on it until the busy check could say so (it only lowers: a saturated engine that
+    # serves more than modelled is not seen as such). Where a packed chunk costs what one
+    # sequence of its tokens does (the project's replay worlds), the per-prompt
+    # reading would be the optimistic one, and a saturated engine the place it shows.
+    full_chunk_ms = cost.iteration_ms(CHUNK)
+    assert capacity_at(cost, 1000) == pytest.approx(CHUNK / (full_chunk_ms / 1000), rel=1e-9)
+    assert capacity_at(cost, 1000) == pytest.approx(CHUNK / (world_prefill_ms(CHUNK) / 1000), rel=0.01)
     per_prompt_ms = PA * 1000 / CHUNK + PB * 1000 + PC * 1000 * 500
-    assert capacity_at(cost, 1000) == pytest.approx(1000 / (per_prompt_ms / 1000), rel=0.01)
-    assert capacity_at(cost, 1000) > 1.7 * capacity_at(unpacked.prefill, 1000)
+    assert 1000 / (per_prompt_ms / 1000) > 1.15 * capacity_at(cost, 1000)
+    assert capacity_at(cost, 1000) > 1.5 * capacity_at(unpacked.prefill, 1000)
     # The ticks bring no ISL histogram: the planner's capacity is at the mean's exponential mix.
     no_histogram = LengthMix.exponential(1000.0, settings.quantile)
     assert result.diagnostics["roles"]["prefill"]["capacity_tokens_s"] == round(

@@ -199,7 +199,13 @@ class PrefillCost:
 
     def busy_s(self, isl_tokens: float) -> float:
         """Engine time one prompt takes on a saturated engine: alone, unless the engine packs
-        prompts into full chunks, which share the iteration's fixed cost."""
+        prompts into full chunks, which share the iteration's fixed cost. Packed, a prompt costs
+        no less than its tokens' share of one full single-prompt chunk: the features charge
+        attention per prompt (÷ n), but a packed chunk may cost what one sequence of all its
+        tokens does (the project's worlds time it so), and a saturated engine is where that shows
+        and where no record has shown it yet. Read per prompt, one engine
+        at a modelled 88% on `flash-crowd` ran saturated (53.4k tokens/s modelled, 48.2k the
+        most a full chunk gives; docs/benchmarks.md, session 17)."""
         alone = self.alone_s(isl_tokens)
         if not self.packs:
             return alone
@@ -207,7 +213,8 @@ class PrefillCost:
         chunks = math.ceil(isl / self.chunk_tokens)
         fixed_ms = self.model.coefficients[0] * _PREFILL_SCALE[0]
         shared_ms = fixed_ms * (chunks - isl / self.chunk_tokens)
-        return max(alone - max(shared_ms, 0.0) / 1000.0, alone * 0.2)
+        full_chunk_s = self.iteration_ms(self.chunk_tokens) / 1000.0 * isl / self.chunk_tokens
+        return max(alone - max(shared_ms, 0.0) / 1000.0, alone * 0.2, min(full_chunk_s, alone))
 
     def longest_within_s(self, budget_s: float, limit_tokens: int = 1 << 20) -> int:
         """The longest prompt whose prefill alone fits in `budget_s` (0: not even one token)."""
