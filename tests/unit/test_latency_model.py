@@ -398,10 +398,9 @@ def test_an_engine_that_packs_prompts_into_its_chunks_is_sized_so(h200: PerfMode
     # (8192 tokens in 169.2 ms: 48,400 tokens/s), against 31,100 one per iteration. Read per
     # prompt (its share of the chunk's fixed cost, its own tokens, attention to its own 1000
     # only: 17.6 ms, 56,700 tokens/s) this world would serve 17% more; the planner does not
-    # count on it until the busy check could say so (it only lowers: a saturated engine that
-    # serves more than modelled is not seen as such). Where a packed chunk costs what one
-    # sequence of its tokens does (the project's replay worlds), the per-prompt
-    # reading would be the optimistic one, and a saturated engine the place it shows.
+    # count on it, and the busy check, which only lowers, never gives it back. Where a packed
+    # chunk costs what one sequence of its tokens does (the project's replay worlds), the
+    # per-prompt reading would be the optimistic one, and a saturated engine the place it shows.
     full_chunk_ms = cost.iteration_ms(CHUNK)
     assert capacity_at(cost, 1000) == pytest.approx(CHUNK / (full_chunk_ms / 1000), rel=1e-9)
     assert capacity_at(cost, 1000) == pytest.approx(CHUNK / (world_prefill_ms(CHUNK) / 1000), rel=0.01)
