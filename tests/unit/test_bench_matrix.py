@@ -106,15 +106,22 @@ def test_the_goal_summary_sorts_the_planners_cells() -> None:
         # No planner: not counted.
         row("d", "oracle", 1.0, 1.0),
     ]
+    # b's prompts are long: 140 of its 1,000 no engine count serves (857 of the 860 others met it);
+    # c has 7 such among 1,000 (900 of 993).
+    for r in rows:
+        r["requests"] = 1000
+    rows[3]["unservable_requests"] = rows[4]["unservable_requests"] = 140
     summary = rq.goal_summary(rows)
     assert summary["met"] == ["a profile 120 s", "b profile 120 s"]
     assert summary["missed"] == ["c profile 120 s"]
     assert summary["below_95"] == ["b profile 120 s (85.7%)", "c profile 120 s (90.0%)"]
+    assert summary["below_95_servable"] == ["b profile 120 s (99.7% of the servable)"]
     assert summary["worse_than_static"] == ["c profile 120 s (90.0% vs 95.0%, 13.00 vs 12.00 GPU-h)"]
     # b ran no static row: not compared, and the summary says so rather than "none".
     assert summary["no_static"] == ["b profile 120 s"]
     text = rq.format_summary(summary)
     assert "met in 2 of 3 cells" in text
     assert "worse than static on both axes: 1: c profile 120 s" in text
+    assert "could serve: 1: b profile 120 s (99.7% of the servable)" in text
     assert text.endswith("(not compared in 1 cell: no static row in this run)")
     assert rq.format_summary(rq.goal_summary([row("d", "oracle", 1.0, 1.0)])).startswith("No planner rows")
