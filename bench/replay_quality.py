@@ -304,8 +304,7 @@ def goal_summary(rows: Sequence[dict]) -> dict[str, list[str]]:
     `workload world delay`; empty lists without planner rows. `no_static` names the planner's
     cells that ran no static row (`--policies planner`): they are not compared with static.
     `below_95_servable` names the cells below 95% that reach it over the requests some engine
-    count could serve: every policy misses the others (the oracle too), so there the 95% asks
-    what no policy can do."""
+    count could serve: the others every policy misses, the oracle too."""
     by_cell: dict[tuple[str, str, float], dict[str, dict]] = {}
     for r in rows:
         by_cell.setdefault((r["workload"], r["world"], r["delay_s"]), {})[r["policy"]] = r
