@@ -47,6 +47,12 @@ class Strict(BaseModel):
 class SlaTargets(Strict):
     ttft_ms: float = Field(gt=0, description="time to first token target (ms)")
     itl_ms: float = Field(gt=0, description="inter-token latency target (ms)")
+    attainment_target: float = Field(
+        default=0.99,
+        gt=0,
+        lt=1,
+        description="share of requests that should meet both targets (SLA scaling's attainment sizing)",
+    )
 
 
 class RoleConfig(Strict):

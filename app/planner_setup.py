@@ -39,6 +39,8 @@ def sla_settings(deployment: DeploymentConfig, model: PerfModel | None) -> SlaSe
         **deployment.scaling.model_dump(include=set(SlaTuning.model_fields)),
         ttft_target_ms=deployment.sla.ttft_ms,
         itl_target_ms=deployment.sla.itl_ms,
+        attainment_target=deployment.sla.attainment_target,
+        gpus_per_engine={role: deployment.role(role).gpus_per_engine for role in deployment.bounds()},
         bounds=deployment.bounds(),
         chunk_tokens=deployment.prefill.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
         max_kv_tokens=int(max_kv),

@@ -35,7 +35,7 @@ from app.core.sla.capacity import (
     prefill_engines,
     profile_decode_floor,
 )
-from app.core.sla.demand import _busiest, _growth_quantiles, _quantile_line, _surge
+from app.core.sla.demand import busiest_rate, _growth_quantiles, _quantile_line, _surge
 from app.core.sla.latency import DecodeCost, LatencyModels, PrefillCost, prefill_features, prior_models
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState
@@ -1094,12 +1094,12 @@ def test_a_short_first_window_is_not_read_alone_as_a_burst() -> None:
     steady = [
         TrafficSample(end_s=0.04 + k, duration_s=1.0, num_req=20.0, isl=3000.0, osl=200.0) for k in (1, 2, 3)
     ]
-    assert _busiest([first, *steady], window_s=2.0) == pytest.approx(20.0)
+    assert busiest_rate([first, *steady], window_s=2.0) == pytest.approx(20.0)
     # A run of ticks shorter than the window altogether is still read at its mean rate.
-    assert _busiest([first, steady[0]], window_s=2.0) == pytest.approx(22.0 / 1.04)
+    assert busiest_rate([first, steady[0]], window_s=2.0) == pytest.approx(22.0 / 1.04)
     # And a real burst in a full window is found wherever it is.
     burst = TrafficSample(end_s=4.04, duration_s=1.0, num_req=60.0, isl=3000.0, osl=200.0)
-    assert _busiest([first, *steady, burst], window_s=2.0) == pytest.approx(40.0)
+    assert busiest_rate([first, *steady, burst], window_s=2.0) == pytest.approx(40.0)
 
 
 def test_a_steady_rise_is_carried_a_lead_ahead_and_a_step_only_to_the_levels_seen(h200: PerfModel) -> None:

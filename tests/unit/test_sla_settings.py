@@ -34,6 +34,8 @@ def test_every_scaling_field_reaches_the_settings_with_its_value(tmp_path: Path)
         "scale_down_window_s": 90.0,
         "scale_down_window_leads": 3.0,
         "startup_estimate_s": 45.0,
+        "sizing": "attainment",
+        "forecast_cap": 3.0,
         "trend": False,
         "history_s": 900.0,
         "growth_quantile": 0.8,

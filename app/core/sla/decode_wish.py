@@ -5,6 +5,7 @@ and at least what the engines hold now."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from app.core.perf.interpolation import PerfModel
@@ -23,6 +24,24 @@ from app.core.sla.state import SlaState
 from app.core.sla.types import Demand, SlaInput
 
 
+@dataclass(frozen=True)
+class DecodeTerms:
+    """What decode's count is sized from, besides the demand: one engine's batch limit, the pace a
+    full engine iterates at (1: the target), the requests prefill's drain sends on top of the
+    arrivals, and what the engines hold now (with the batch limit at their context)."""
+
+    batch: int
+    pace: float
+    drained: float
+    held: int
+    held_batch: int
+    diagnostics: dict[str, Any]
+
+    def floor(self) -> int:
+        """Engines for the requests held now: never fewer."""
+        return math.ceil(self.held / self.held_batch) if self.held else 0
+
+
 def decode_wish(
     demand: Demand,
     inp: SlaInput,
@@ -36,6 +55,36 @@ def decode_wish(
     """The decode count wished for and its diagnostics (`sla.roles.decode`). `draining_tokens_s`:
     the prompt tokens per second prefill is sized to drain from its queue; `with_held`: read the
     engines' FPM (the requests they hold, their context and pace), else size for demand alone."""
+    terms = decode_terms(
+        demand, inp, state, settings, model, draining_tokens_s=draining_tokens_s, with_held=with_held
+    )
+    arrivals = peak_concurrency(
+        demand.in_flight_mean * terms.pace,
+        dispersion=demand.dispersion,
+        quantile=settings.decode_peak_quantile,
+    )
+    in_flight = arrivals + terms.drained * terms.pace
+    needed = max(math.ceil(in_flight / terms.batch), terms.floor())
+    wish = settings.bounds["decode"].clamp(needed)
+    return wish, {
+        "needed": needed,
+        "wish": wish,
+        "in_flight_at_target": round(in_flight, 1),
+        **terms.diagnostics,
+    }
+
+
+def decode_terms(
+    demand: Demand,
+    inp: SlaInput,
+    state: SlaState,
+    settings: SlaSettings,
+    model: PerfModel | None,
+    *,
+    draining_tokens_s: float,
+    with_held: bool,
+) -> DecodeTerms:
+    """Decode's batch limit, pace, drained load and held floor (see `DecodeTerms`)."""
     assert state.latency is not None
     held_context = _held_context(inp) if with_held else None
     # The requests to come are sized at the context the engines held over the trend window; the
@@ -87,10 +136,6 @@ def decode_wish(
         if draining_tokens_s > 0 and demand.isl > 0
         else 0.0
     )
-    arrivals = peak_concurrency(
-        demand.in_flight_mean * pace, dispersion=demand.dispersion, quantile=settings.decode_peak_quantile
-    )
-    in_flight = arrivals + drained * pace
     held = (
         sum(
             r.scheduled.num_decode_requests + r.queued.num_decode_requests
@@ -100,21 +145,23 @@ def decode_wish(
         else 0
     )
     held_batch = batch_at(held_context) if held else batch
-    needed = max(math.ceil(in_flight / batch), math.ceil(held / held_batch))
-    wish = settings.bounds["decode"].clamp(needed)
-    return wish, {
-        "needed": needed,
-        "wish": wish,
-        "batch_limit": batch,
-        "in_flight_at_target": round(in_flight, 1),
-        "backlog_in_flight": round(drained * pace, 1),
-        "held_now": held,
-        "held_context_tokens": round(held_context, 1) if held_context is not None else None,
-        "window_context_tokens": round(window_context, 1) if window_context is not None else None,
-        "held_batch_limit": held_batch,
-        "floor_scale": round(floor_scale, 3),
-        "pace": round(pace, 4),
-    }
+    return DecodeTerms(
+        batch=batch,
+        pace=pace,
+        drained=drained,
+        held=held,
+        held_batch=held_batch,
+        diagnostics={
+            "batch_limit": batch,
+            "backlog_in_flight": round(drained * pace, 1),
+            "held_now": held,
+            "held_context_tokens": round(held_context, 1) if held_context is not None else None,
+            "window_context_tokens": round(window_context, 1) if window_context is not None else None,
+            "held_batch_limit": held_batch,
+            "floor_scale": round(floor_scale, 3),
+            "pace": round(pace, 4),
+        },
+    )
 
 
 def _slowest_decode_ms(inp: SlaInput) -> float:

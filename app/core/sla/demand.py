@@ -35,7 +35,7 @@ _SURGE_TICKS = 2
 _SURGE_SD = 3.0
 
 
-def _rates(samples: list[TrafficSample]) -> tuple[float, float, float | None, float | None]:
+def window_rates(samples: list[TrafficSample]) -> tuple[float, float, float | None, float | None]:
     """(duration, requests, mean ISL, mean OSL) of consecutive samples merged."""
     duration = sum(s.duration_s for s in samples)
     num = sum(s.num_req for s in samples)
@@ -60,7 +60,7 @@ def demand_at(
     `fallback_lengths` (mean ISL, OSL) stand in when requests arrived but none completed yet (a
     wake from zero: no engine served them)."""
     smooth = [s for s in state.samples if s.end_s > now - settings.trend_window_s]
-    d_smooth, n_smooth, isl, osl = _rates(smooth)
+    d_smooth, n_smooth, isl, osl = window_rates(smooth)
     if d_smooth > 0 and n_smooth == 0:
         isl = osl = 0.0  # no request at all: nothing to serve, not an unknown
     elif n_smooth > 0 and (isl is None or osl is None) and fallback_lengths is not None:
@@ -69,7 +69,7 @@ def demand_at(
         return None
     # The busiest `burst_window_s` of the level window: a burst longer than the TTFT target
     # builds a queue whatever the minute's mean, so the level is the burst's rate.
-    level = _busiest(
+    level = busiest_rate(
         [s for s in state.samples if s.end_s > now - settings.level_window_s], settings.burst_window_s
     )
     trend = n_smooth / d_smooth
@@ -131,14 +131,14 @@ def demand_at(
     g_tokens, g_flight = (growth.tokens, growth.flight) if growth else (1.0, 1.0)
     # A crowd still arriving rises faster than the level window's busiest burst can follow, and
     # its engines are a lead away: carried ahead at its pace, for as long as it has lasted.
-    dispersion = _dispersion(list(state.samples), settings.dispersion_prior_s)
+    dispersion = dispersion_index(list(state.samples), settings.dispersion_prior_s)
     surge = (
         _surge(list(state.samples), lead_s, dispersion, settings.quiet_fraction) if settings.trend else None
     )
     surge_rate = surge[1] if surge else 0.0
     tokens_s = max(level * isl, trend * isl * g_tokens, ramp_tokens, surge_rate * isl)
     flight_mean = max(in_flight(level), in_flight(trend) * g_flight, ramp_flight, in_flight(surge_rate))
-    buckets = _merged_buckets(list(state.samples))
+    buckets = merged_buckets(list(state.samples))
     # No histogram (Dynamo's replay gives means only): the mean, at an exponential spread.
     mix = LengthMix.from_histogram(buckets, isl, settings.quantile)
     return Demand(
@@ -229,10 +229,10 @@ def _rises_steadily(samples: list[TrafficSample], since_s: float) -> bool:
     return line_sse < float(step_sse.min())
 
 
-def _busiest(items: list[TrafficSample], window_s: float) -> float:
+def busiest_rate(items: list[TrafficSample], window_s: float) -> float:
     """The highest request rate over any run of consecutive ticks spanning at least `window_s`
     (the rate of all of them if together they span less)."""
-    d_all, n_all, _, _ = _rates(items)
+    d_all, n_all, _, _ = window_rates(items)
     if d_all < window_s:
         return n_all / d_all if d_all > 0 else 0.0
     # Only full runs: a short first window (the scrape right after a start-up check, 0.04 s
@@ -243,13 +243,13 @@ def _busiest(items: list[TrafficSample], window_s: float) -> float:
         while start > 0 and span < window_s:
             start -= 1
             span += items[start].duration_s
-        d, n, _, _ = _rates(items[start : end + 1])
+        d, n, _, _ = window_rates(items[start : end + 1])
         if span >= window_s and d > 0:
             best = max(best, n / d)
     return best
 
 
-def _dispersion(items: list[TrafficSample], prior_s: float) -> float:
+def dispersion_index(items: list[TrafficSample], prior_s: float) -> float:
     """Var ÷ mean of the per-tick request counts: 1 for Poisson arrivals, more for bursts. The
     variance comes from the differences of consecutive ticks (a trend is not burstiness), by
     their median absolute deviation (one step in the level, a single large difference, is not
@@ -378,7 +378,7 @@ def _quantile_line(x: np.ndarray, y: np.ndarray, quantile: float, at: float) -> 
     return value if math.isfinite(value) else float(np.quantile(y, quantile))
 
 
-def _merged_buckets(items: list[TrafficSample]) -> list[Bucket]:
+def merged_buckets(items: list[TrafficSample]) -> list[Bucket]:
     merged: dict[float, float] = {}
     for s in items:
         for bound, count in s.isl_buckets:

@@ -8,6 +8,8 @@ fields with the same messages, and the descriptions live next to the defaults th
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.core.types import Role, RoleBounds
@@ -80,6 +82,17 @@ class SlaTuning(BaseModel):
         description="how long ordered engines take to serve, until it is measured (read long: a first "
         "ramp read short is lost, one read long costs headroom until the first order serves)",
     )
+    sizing: Literal["headroom", "attainment"] = Field(
+        default="headroom",
+        description="how counts are chosen: `attainment`, the cheapest count whose expected attainment "
+        "over the learned demand scenarios meets attainment_target; `headroom`, the quantile sizing "
+        "at the forecast's headroom, ramp and surge",
+    )
+    forecast_cap: float = Field(
+        default=2.0,
+        ge=1,
+        description="attainment sizing: no demand scenario exceeds this multiple of the history's own peak",
+    )
     trend: bool = Field(default=True, description="forecast one lead ahead (headroom and ramp)")
     history_s: float = Field(
         default=1800.0, gt=0, description="how much of the traffic's past the forecast's headroom learns from"
@@ -148,6 +161,12 @@ class SlaSettings(SlaTuning):
 
     ttft_target_ms: float = Field(gt=0)
     itl_target_ms: float = Field(gt=0)
+    attainment_target: float = Field(
+        default=0.99, gt=0, lt=1, description="the share of requests meeting both TTFT and ITL to size for"
+    )
+    gpus_per_engine: dict[Role, int] = Field(
+        default_factory=dict, description="GPUs one engine of a role takes"
+    )
     bounds: dict[Role, RoleBounds]
     chunk_tokens: int = Field(ge=1, description="prefill max_num_batched_tokens")
     max_kv_tokens: int = Field(ge=1, description="KV cache capacity per decode engine")

@@ -7,6 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from app.core.perf.fpm import ForwardPassMetrics
+from app.core.sla.forecast import LevelPoint
 from app.core.sla.latency import LatencyModels
 from app.core.sla.quiet import QuietState
 from app.core.sla.types import EngineKey, TrafficSample
@@ -21,6 +22,8 @@ class SlaState:
     # what that tick forecast of both: the level, or where a steady rise was under way, the
     # level it was carried to a lead ahead (the headroom is learned beyond it, demand.py)
     history: deque[tuple[float, float, float, float, float]] = field(default_factory=deque)
+    # The level each tick saw (attainment sizing's history of pairs, forecast.py)
+    levels: deque[LevelPoint] = field(default_factory=deque)
     scale: dict[Role, float] = field(default_factory=dict)
     # Decode's records, faded: (Σ batch × measured time, Σ batch × the profile's time, when last
     # added). Their ratio scales the profile's shape beyond the batches seen (learners.py).
@@ -56,6 +59,7 @@ class SlaState:
             samples=deque(self.samples),
             wishes=deque(self.wishes),
             history=deque(self.history),
+            levels=deque(self.levels),
             scale=dict(self.scale),
             decode_floor_sums=self.decode_floor_sums,
             first_s=self.first_s,

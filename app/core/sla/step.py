@@ -62,6 +62,7 @@ from app.core.sla.capacity import (
     peak_concurrency,
     prefill_engines,
 )
+from app.core.sla.decide import attainment_wishes, forecasts, observe
 from app.core.sla.decode_wish import decode_wish, record_held
 from app.core.sla.demand import demand_at
 from app.core.sla.latency import prior_models
@@ -126,7 +127,11 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
     # completed, and waiting for their lengths would leave the second wave of engines a start-up
     # behind the first. Off, unchanged: no request length known is no demand known.
     fallback = state.lengths if settings.scale_to_zero.enabled else None
-    demand = demand_at(state, now, lead_s, settings, fallback_lengths=fallback)
+    by_attainment = settings.sizing == "attainment"
+    if by_attainment:
+        demand = observe(state, now, settings, fallback)
+    else:
+        demand = demand_at(state, now, lead_s, settings, fallback_lengths=fallback)
     if demand is None:
         # At zero this is the usual case of a wake: the requests that arrived are still queued,
         # none has completed, so the frontend has no mean length to size with yet.
@@ -144,9 +149,9 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         "dispersion": round(demand.dispersion, 2),
         "growth": [round(demand.growth.tokens, 3), round(demand.growth.flight, 3)] if demand.growth else None,
         "growth_learned": demand.growth_learned,
-        "growth_neighbours": _rounded(demand.growth.neighbours) if demand.growth_learned else None,
-        "growth_regression": _rounded(demand.growth.regression) if demand.growth_learned else None,
-        "growth_regression_ceiling": _rounded(demand.growth.ceiling) if demand.growth_learned else None,
+        "growth_neighbours": _rounded(demand.growth.neighbours) if demand.growth else None,
+        "growth_regression": _rounded(demand.growth.regression) if demand.growth else None,
+        "growth_regression_ceiling": _rounded(demand.growth.ceiling) if demand.growth else None,
         "ramp_per_s": [round(r, 4) for r in demand.ramp],
         "ramp_growth_per_s": _rounded(demand.ramp_growth, 6),
         "surge": _rounded(demand.surge, 1),
@@ -159,11 +164,25 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         check = check_saturated(state, inp, interval_s, demand.mix, settings)
     if check is not None:
         diagnostics["capacity_check"] = check
-    wish, role_diag = _wishes(demand, inp, state, settings, lead_s, model)
+    kept: dict[str, Any] | None = None
+    if by_attainment:
+        horizon_s = interval_s if interval_s else settings.burst_window_s
+        horizons = forecasts(state, demand, now, lead_s, horizon_s, settings)
+        wish, role_diag = attainment_wishes(
+            demand, horizons, inp, state, settings, lead_s, model, settings.gpus_per_engine
+        )
+        diagnostics["forecast"] = {
+            "horizon_s": round(horizon_s, 1),
+            "attainment_target": settings.attainment_target,
+            "up": {**horizons.up.quantiles(), "pairs": horizons.up.pairs, "prior": horizons.up.prior},
+            "keep": {**horizons.keep.quantiles(), "pairs": horizons.keep.pairs, "prior": horizons.keep.prior},
+        }
+    else:
+        wish, role_diag = _wishes(demand, inp, state, settings, lead_s, model)
+        kept = _quiet_floor(demand, inp, state, settings, lead_s, wish, role_diag, model)
+        if kept is not None:
+            diagnostics["quiet"] = kept
     diagnostics["roles"] = role_diag
-    kept = _quiet_floor(demand, inp, state, settings, lead_s, wish, role_diag, model)
-    if kept is not None:
-        diagnostics["quiet"] = kept
     if not inp.inventory_known:
         detail = "how many engines run is not known yet (no connector report, decision or FPM)"
         return SlaResult(None, SlaReason.NO_INVENTORY, detail, diagnostics)
@@ -178,7 +197,10 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         # The quiet-period outlook (quiet.py) expects a return within a lead: an engine let go
         # now would be ordered back too late for it. The outlook starts once the trend level has
         # fallen quiet; until then the trend window still holds the last burst, and says nothing.
-        if kept is not None:
+        if by_attainment:
+            # The keep horizon's scenarios hold what a return within a lead needs.
+            return_likely = any(role_diag[r]["keep"]["engines"] > 0 for r in role_diag)
+        elif kept is not None:
             return_likely = bool(kept["keep"])
         else:
             return_likely = any(
@@ -200,7 +222,8 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
             "inflight_requests": inp.traffic.inflight_requests if inp.traffic else None,
         }
     state.wishes.append((now, wish))
-    window_s = scale_down_window_s(settings, lead_s)
+    # Attainment sizing keeps engines by its own horizon (decide.py): no window, no hold.
+    window_s = 0.0 if by_attainment else scale_down_window_s(settings, lead_s)
     diagnostics["scale_down_window_s"] = round(window_s, 1)
     # Strictly older than the window: with a window of 0 the current wish stays in it.
     while state.wishes and state.wishes[0][0] < now - window_s:
@@ -222,10 +245,10 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
             target[role], reasons[role] = want, SlaReason.SCALE_UP
         elif want == current:
             target[role], reasons[role] = current, SlaReason.NO_CHANGE
-        elif watched_s < window_s:
+        elif watched_s < window_s and not by_attainment:
             target[role], reasons[role] = current, SlaReason.HOLD
             role_diag[role]["hold"] = f"watched {watched_s:.0f} s of the {window_s:.0f} s window"
-        elif settings.trend and not demand.growth_learned:
+        elif settings.trend and not demand.growth_learned and not by_attainment:
             # The window is short because the learned headroom covers the lead; until it is
             # learned, nothing says which engines the next lead needs.
             target[role], reasons[role] = current, SlaReason.HOLD

@@ -43,6 +43,9 @@ def present_need(sla: Mapping[str, Any] | None, *, itl_target_ms: float) -> dict
     demand, roles = sla["demand"], sla["roles"]
     out: dict[Role, int] = {}
     level_rps = float(demand["request_rate_s"])
+    if all("needed_now" in r for r in roles.values()):
+        # Attainment sizing (decide.py) states the count for the level now itself.
+        return {role: min(int(r["needed"]), int(r["needed_now"])) for role, r in roles.items()}
     if "prefill" in roles:
         p = roles["prefill"]
         needed = int(p["needed"])

@@ -1,0 +1,340 @@
+"""Attainment sizing (`scaling.sizing: attainment`): the learned demand scenarios
+(app/core/sla/forecast.py), the share a count serves (app/core/sla/attainment.py) and the decision
+on small named scenarios (app/core/sla/decide.py through `sla_step`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.core.perf.interpolation import PerfModel
+from app.core.sla.attainment import PrefillQueue, cheapest, decode_met, expected, role_target
+from app.core.sla.capacity import LengthMix
+from app.core.sla.forecast import LevelPoint, forecast, horizon_peaks
+from app.core.sla.latency import prior_models
+from app.core.sla.settings import SlaSettings
+from app.core.sla.state import SlaState
+from app.core.sla.step import sla_step
+from app.core.sla.types import SlaInput, SlaReason, TrafficSample
+from app.core.types import RoleBounds
+from app.sources.profile_files import load_profile
+
+H200 = Path(__file__).resolve().parents[2] / "data" / "profiles" / "h200-llama3.1-8b-fp8"
+TICK_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def h200() -> PerfModel:
+    return PerfModel.from_profile(load_profile(H200))
+
+
+def levels(values: list[float], tick_s: float = TICK_S) -> list[LevelPoint]:
+    """Level points one tick apart from t = tick_s, prompt tokens/s as given, in flight a tenth."""
+    return [LevelPoint((i + 1) * tick_s, v, v / 10) for i, v in enumerate(values)]
+
+
+# --- the forecast ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ForecastCase:
+    name: str
+    history: list[float]
+    now: float
+    start_s: float
+    end_s: float
+    floor_now: bool
+    low: float  # every scenario at least this
+    high: float  # and at most this
+    why: str
+    min_pairs: int = 4
+
+
+# Bursts of 1,000 tokens/s for 4 ticks after 8 silent ticks, repeated.
+ON_OFF = ([0.0] * 8 + [1000.0] * 4) * 6
+RAMP = [100.0 * i for i in range(60)]  # +100 tokens/s per tick, 20 per second
+
+FORECAST_CASES = [
+    ForecastCase(
+        "burst from silence",
+        ON_OFF,
+        now=0.0,
+        start_s=0.0,
+        end_s=60.0,
+        floor_now=True,
+        low=0.0,
+        high=1000.0,
+        why="a silent tick's neighbours are other silent ticks, and a burst followed most of them "
+        "within the horizon: the scenarios hold the burst in absolute units, never a ratio to zero",
+    ),
+    ForecastCase(
+        "near-zero level is not a fleet",
+        [1.0] * 30 + [1000.0] * 2 + [1.0] * 30,
+        now=1.0,
+        start_s=20.0,
+        end_s=25.0,
+        floor_now=False,
+        low=0.0,
+        high=1001.0,
+        why="one tick of 1,000 after a level of 1 is a rise of 999 tokens/s, not x1000: a level near "
+        "zero adds what came after it, it does not multiply it",
+    ),
+    ForecastCase(
+        "smooth rise carried additively",
+        RAMP,
+        now=6000.0,
+        start_s=100.0,
+        end_s=105.0,
+        floor_now=False,
+        low=6000.0 + 20.0 * 100.0 - 1e-6,
+        high=6000.0 + 20.0 * 105.0 + 1e-6,
+        why="on a steady ramp each pair rose by the slope times the horizon's end or so; the level "
+        "now plus that is where the ramp goes, with nothing compounded",
+        min_pairs=1,
+    ),
+    ForecastCase(
+        "capped at the history's peak",
+        [0.0] * 20 + [10_000.0] + [0.0] * 40,
+        now=5_000.0,
+        start_s=0.0,
+        end_s=10.0,
+        floor_now=True,
+        low=5_000.0,
+        high=2 * 10_000.0,
+        why="the scenarios never exceed `cap` times the highest level the history holds",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", FORECAST_CASES, ids=lambda c: c.name)
+def test_forecast_scenarios_stay_within_what_the_traffic_did(case: ForecastCase) -> None:
+    history = levels(case.history)
+    now = LevelPoint(history[-1].t_s + TICK_S, case.now, case.now / 10)
+    f = forecast(
+        history,
+        now,
+        start_s=case.start_s,
+        end_s=case.end_s,
+        neighbour_share=0.3,
+        min_pairs=case.min_pairs,
+        prior_growth=1.6,
+        cap=2.0,
+        floor_now=case.floor_now,
+    )
+    assert f.pairs > 0, case.why
+    assert f.tokens_s.min() >= case.low, case.why
+    assert f.tokens_s.max() <= case.high, case.why
+
+
+def test_a_burst_from_silence_is_among_the_scenarios_of_a_silent_tick() -> None:
+    history = levels(ON_OFF)
+    now = LevelPoint(history[-1].t_s + TICK_S, 0.0, 0.0)
+    f = forecast(
+        history,
+        now,
+        start_s=0.0,
+        end_s=60.0,
+        neighbour_share=0.3,
+        min_pairs=4,
+        prior_growth=1.6,
+        cap=2.0,
+        floor_now=True,
+    )
+    # Every silent tick of ON_OFF is at most 8 ticks (40 s) from the next burst: within 60 s.
+    assert set(np.round(f.tokens_s)) == {1000.0}
+
+
+def test_the_prior_fills_the_pairs_missing_at_a_cold_start() -> None:
+    history = levels([100.0, 400.0, 200.0])  # no horizon of 60 s has passed yet: no pair
+    now = LevelPoint(20.0, 200.0, 20.0)
+    f = forecast(
+        history,
+        now,
+        start_s=0.0,
+        end_s=60.0,
+        neighbour_share=0.3,
+        min_pairs=5,
+        prior_growth=1.6,
+        cap=2.0,
+        floor_now=True,
+    )
+    assert (f.pairs, f.prior) == (0, 5)
+    # The history's own peak (400) is above the level now times the prior growth (320).
+    assert f.tokens_s.tolist() == [400.0] * 5
+
+
+def test_horizon_peaks_are_unknown_until_the_horizon_has_passed() -> None:
+    peaks = horizon_peaks(levels([1.0, 5.0, 2.0, 3.0]), 5.0, 10.0, now_s=15.0)
+    # t = 5: the peak of t in [10, 15] = max(5, 2); t = 10: [15, 20] has not passed by 15.
+    assert peaks[0, 0] == 5.0
+    assert np.isnan(peaks[1:, 0]).all()
+
+
+# --- the share a count serves ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheapestCase:
+    name: str
+    curve: list[float]  # attainment at 0, 1, 2, ... engines
+    target: float
+    engines: int
+    meets: bool
+    why: str
+
+
+CHEAPEST_CASES = [
+    CheapestCase(
+        "first meeting count", [0.0, 0.5, 0.98, 0.996, 1.0], 0.995, 3, True, "the fewest at or above"
+    ),
+    CheapestCase(
+        "exactly at target", [0.0, 0.995, 1.0], 0.995, 1, True, "at the target counts as meeting it"
+    ),
+    CheapestCase(
+        "none meets: the fewest near the best",
+        [0.0, 0.80, 0.855, 0.859, 0.86, 0.86],
+        0.99,
+        2,
+        False,
+        "where no count meets the target (prompts no count serves), the fewest within one allowance "
+        "(1 - target) of the best: more engines would buy almost nothing",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CHEAPEST_CASES, ids=lambda c: c.name)
+def test_cheapest_count(case: CheapestCase) -> None:
+    choice = cheapest(lambda n: case.curve[n], case.target, 0, len(case.curve) - 1)
+    assert (choice.engines, choice.meets_target) == (case.engines, case.meets), case.why
+    assert choice.attainment == case.curve[case.engines]
+    assert choice.attainment_fewer == (case.curve[case.engines - 1] if case.engines else None)
+
+
+def test_prefill_share_met_grows_with_the_count_and_falls_with_the_load(h200: PerfModel) -> None:
+    cost = prior_models(h200, chunk_tokens=8192, prior_records=10, caution_z=2, half_life_s=900).prefill
+    queue = PrefillQueue.build(
+        cost, LengthMix.exponential(2000, 0.99), ttft_target_ms=1000, dispersion=1.0, max_utilisation=0.9
+    )
+    loads = np.array([0.0, 0.5, 1.0, 2.0, 4.0]) * queue.capacity_tokens_s
+    shares = np.array([queue.met(n, loads) for n in range(1, 8)])
+    assert (shares[:, 0] == 1.0).all()  # nothing arrives: nothing misses
+    assert (np.diff(shares, axis=0) >= -1e-12).all()  # more engines never serve fewer
+    assert (np.diff(shares, axis=1) <= 1e-12).all()  # more load never serves more
+    # Beyond the planned utilisation a count is taken to miss: 2 engines at 2 engines' capacity.
+    assert queue.met(2, np.array([2.0 * queue.capacity_tokens_s]))[0] == 0.0
+
+
+def test_prompts_no_count_serves_are_counted_apart(h200: PerfModel) -> None:
+    cost = prior_models(h200, chunk_tokens=8192, prior_records=10, caution_z=2, half_life_s=900).prefill
+    longest = cost.longest_within_s(1.0)
+    mix = LengthMix(mean=0.0, second_moment=0.0, quantile=0.0, points=((2000.0, 0.8), (2.0 * longest, 0.2)))
+    queue = PrefillQueue.build(cost, mix, ttft_target_ms=1000, dispersion=1.0)
+    assert queue.unservable_share == pytest.approx(0.2)
+    # The servable prompts are met at a count that meets them: the long ones do not drive it up.
+    assert queue.met(32, np.array([1000.0]))[0] > 0.999
+
+
+def test_decode_share_met_is_the_chance_the_count_fits() -> None:
+    # 100 requests in flight on average, Poisson: the count exceeds 2 x 60 = 120 about 2.3% of the time.
+    assert decode_met(2, 60, np.array([100.0]), 1.0)[0] == pytest.approx(0.977, abs=0.002)
+    assert decode_met(1, 60, np.array([0.0]), 1.0)[0] == 1.0
+
+
+def test_expected_weighs_scenarios_by_the_requests_they_bring() -> None:
+    # A quiet scenario met in full and a busy one at half: the busy one brings 9 of 10 requests.
+    assert expected(np.array([1.0, 0.5]), np.array([10.0, 90.0])) == pytest.approx(0.55)
+    assert role_target(0.99) == pytest.approx(math.sqrt(0.99))
+
+
+# --- the decision, tick by tick ------------------------------------------------------------------
+
+
+def settings_for(model: PerfModel, **overrides: object) -> SlaSettings:
+    base = SlaSettings(
+        ttft_target_ms=1000.0,
+        itl_target_ms=30.0,
+        bounds={"prefill": RoleBounds(1, 32), "decode": RoleBounds(1, 32)},
+        chunk_tokens=8192,
+        max_kv_tokens=model.decode.max_kv_tokens,
+        sizing="attainment",
+        startup_estimate_s=30.0,
+        growth_min_points=4,
+    )
+    return base.model_copy(update=overrides)
+
+
+@dataclass
+class Scenario:
+    """Requests per second per tick; the cluster follows every order at once."""
+
+    name: str
+    rates: list[float]
+    why: str
+    isl: float = 2000.0
+    osl: float = 100.0
+
+
+def run(model: PerfModel, scenario: Scenario, **overrides: object) -> list:
+    settings = settings_for(model, **overrides)
+    state = SlaState()
+    counts = {"prefill": 1, "decode": 1}
+    out = []
+    for i, rate in enumerate(scenario.rates):
+        now = (i + 1) * TICK_S
+        traffic = TrafficSample(now, TICK_S, rate * TICK_S, scenario.isl, scenario.osl)
+        result = sla_step(model, state, SlaInput(now, traffic, {}, dict(counts), dict(counts)), settings)
+        if result.replicas is not None:
+            counts = dict(result.replicas)
+        out.append((now, result, dict(counts)))
+    return out
+
+
+def test_a_silence_that_bursts_followed_keeps_the_engines_the_bursts_needed(h200: PerfModel) -> None:
+    # Bursts of 200 req/s for 20 s every minute: a 40 s silence is shorter than a lead plus a
+    # tick (35 s here) only at its end, so what came after silent ticks is mostly the next burst.
+    pattern = [200.0] * 4 + [0.0] * 8
+    ticks = run(h200, Scenario("bursts every minute", pattern * 10, "the next burst returns within a lead"))
+    burst_counts = [c["prefill"] for t, r, c in ticks[-24:] if r.diagnostics["demand"]["request_rate_s"] > 0]
+    silent_counts = [
+        c["prefill"] for t, r, c in ticks[-24:] if r.diagnostics["demand"]["request_rate_s"] == 0
+    ]
+    assert min(silent_counts) >= 0.8 * max(burst_counts)
+
+
+def test_a_long_quiet_period_lets_the_engines_go(h200: PerfModel) -> None:
+    # One burst, then ten minutes of silence: the pairs of silent ticks are followed by silence.
+    ticks = run(h200, Scenario("one burst then quiet", [200.0] * 12 + [0.0] * 120, "nothing came back"))
+    assert ticks[-1][2] == {"prefill": 1, "decode": 1}
+    assert ticks[-1][1].reason in (SlaReason.NO_CHANGE, SlaReason.SCALE_DOWN)
+
+
+def test_the_tick_reports_the_expected_attainment_of_its_count_and_of_one_fewer(h200: PerfModel) -> None:
+    ticks = run(h200, Scenario("steady", [300.0] * 40, "a steady level: the count just meets the target"))
+    prefill = ticks[-1][1].diagnostics["roles"]["prefill"]
+    goal = math.sqrt(0.99)
+    assert prefill["up"]["attainment"] >= goal
+    assert prefill["up"]["attainment_one_fewer"] < goal
+    assert prefill["wish"] == prefill["up"]["engines"]
+    forecast_diag = ticks[-1][1].diagnostics["forecast"]
+    assert forecast_diag["attainment_target"] == 0.99 and forecast_diag["up"]["pairs"] > 0
+
+
+def test_a_higher_attainment_target_never_buys_fewer_engines(h200: PerfModel) -> None:
+    scenario = Scenario("bursty", ([250.0] * 3 + [20.0] * 5) * 8, "the same traffic at three targets")
+    finals = [
+        max(c["prefill"] for _, _, c in run(h200, scenario, attainment_target=target))
+        for target in (0.9, 0.99, 0.999)
+    ]
+    assert finals == sorted(finals)
+
+
+def test_a_prompt_no_count_serves_does_not_drive_the_count_to_the_maximum(h200: PerfModel) -> None:
+    scenario = Scenario("long prompts", [2.0] * 30, "prefill alone is above the TTFT target", isl=200_000.0)
+    ticks = run(h200, scenario)
+    prefill = ticks[-1][1].diagnostics["roles"]["prefill"]
+    assert prefill["unservable_share"] > 0.5
+    assert ticks[-1][2]["prefill"] < 32
