@@ -315,10 +315,11 @@ def test_a_long_quiet_period_lets_the_engines_go(h200: PerfModel) -> None:
 def test_the_tick_reports_the_expected_attainment_of_its_count_and_of_one_fewer(h200: PerfModel) -> None:
     ticks = run(h200, Scenario("steady", [300.0] * 40, "a steady level: the count just meets the target"))
     prefill = ticks[-1][1].diagnostics["roles"]["prefill"]
-    goal = math.sqrt(0.99)
-    assert prefill["up"]["attainment"] >= goal
-    assert prefill["up"]["attainment_one_fewer"] < goal
-    assert prefill["wish"] == prefill["up"]["engines"]
+    # The count meets the targets in the scenarios; the queue model's expected attainment of it is
+    # high, and one engine fewer (beyond the planned utilisation or near it) is worse.
+    assert prefill["wish"] == max(prefill["up"], min(ticks[-2][2]["prefill"], prefill["keep"]))
+    assert prefill["attainment"] >= 0.99
+    assert prefill["attainment_one_fewer"] < prefill["attainment"]
     forecast_diag = ticks[-1][1].diagnostics["forecast"]
     assert forecast_diag["attainment_target"] == 0.99 and forecast_diag["up"]["pairs"] > 0
 
@@ -333,8 +334,13 @@ def test_a_higher_attainment_target_never_buys_fewer_engines(h200: PerfModel) ->
 
 
 def test_a_prompt_no_count_serves_does_not_drive_the_count_to_the_maximum(h200: PerfModel) -> None:
-    scenario = Scenario("long prompts", [2.0] * 30, "prefill alone is above the TTFT target", isl=200_000.0)
+    # 0.2 requests/s of 100k-token prompts (exponential lengths about that mean): 20k prompt tokens/s,
+    # 2.6 engines' compute at these lengths, three quarters of them too long for the TTFT target
+    # on an idle engine. The count serves the servable quarter (they need room to wait: 8
+    # engines, a third busy) and is not pushed to the maximum by the rest.
+    scenario = Scenario("long prompts", [0.2] * 60, "prefill alone is above the TTFT target", isl=100_000.0)
     ticks = run(h200, scenario)
     prefill = ticks[-1][1].diagnostics["roles"]["prefill"]
     assert prefill["unservable_share"] > 0.5
-    assert ticks[-1][2]["prefill"] < 32
+    assert prefill["meets_target"]
+    assert ticks[-1][2]["prefill"] <= 10

@@ -1,22 +1,26 @@
-"""Sizing by expected attainment (`scaling.sizing: attainment`): per role, the cheapest count whose
-expected share of requests within target, over the forecast's scenarios, meets the role's share
-of `attainment_target` (app/core/sla/attainment.py, app/core/sla/forecast.py).
+"""Sizing by the scenarios' attainment (`scaling.sizing: attainment`): per role, the fewest engines
+that meet the latency targets in the demand scenarios bringing `attainment_target` of the
+requests (app/core/sla/forecast.py learns the scenarios; app/core/sla/wish.py sizes one demand).
 
-Two horizons, one rule:
+The scenarios are ordered by demand and weighted by the requests each brings; the demand sized for
+is the least at or below which that share of the requests lies (`request_quantile`), for prompt
+tokens/s and requests in decode each. Two horizons, one rule:
 - **up**: engines ordered now serve from `now + lead` until the next chance to change the count
   (`horizon_s` later): the count for the scenarios of `[lead, lead + horizon]`;
-- **keep**: an engine released now is back no sooner than a lead later: a count is kept while one
-  fewer would miss the target over `[0, lead + horizon]` (the level now included).
-
+- **keep**: an engine released now is back no sooner than a lead later: the count for the
+  scenarios of `[0, lead + horizon]` (the level now included).
 The target is the larger of the up count and the current count lowered no further than the keep
-count. Quiet periods need nothing of their own: what came after quiet moments is in the pairs.
-What the queue asks now (the drainable backlog, the gain before engines ordered now serve, the
-prompts prefill drains to decode, the requests the decode engines hold) adds to every scenario,
-as in the headroom sizing.
+count; while the keep horizon still leans on the forecast's prior, nothing is lowered. Quiet
+periods need nothing of their own: what came after quiet moments is in the pairs. What the queue
+asks now (the drainable backlog and what it gains before ordered engines serve, the prompts its
+drain sends decode, the requests the decode engines hold) is sized on top, as in the headroom
+sizing. The tick record also reports the expected attainment of the count and of one fewer over
+the up scenarios (app/core/sla/attainment.py's queue model).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,22 +28,14 @@ from typing import Any
 import numpy as np
 
 from app.core.perf.interpolation import PerfModel
-from app.core.sla.attainment import (
-    CountChoice,
-    PrefillQueue,
-    cheapest,
-    decode_met,
-    expected,
-    role_target,
-)
-from app.core.sla.backlog import backlog_growth, drainable_tokens
-from app.core.sla.capacity import LengthMix, decode_concurrency
-from app.core.sla.decode_wish import decode_terms
+from app.core.sla.attainment import PrefillQueue, decode_met, expected
+from app.core.sla.capacity import LengthMix, decode_concurrency, peak_concurrency
 from app.core.sla.demand import busiest_rate, dispersion_index, merged_buckets, window_rates
 from app.core.sla.forecast import Forecast, LevelPoint, forecast
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState
 from app.core.sla.types import Demand, SlaInput
+from app.core.sla.wish import wishes_at
 from app.core.types import Role
 
 
@@ -106,16 +102,44 @@ def forecasts(
     return Horizons(up, keep)
 
 
-def _choice_diag(choice: CountChoice, cost_per_engine: float) -> dict[str, Any]:
-    return {
-        "engines": choice.engines,
-        "attainment": round(choice.attainment, 5),
-        "attainment_one_fewer": round(choice.attainment_fewer, 5)
-        if choice.attainment_fewer is not None
-        else None,
-        "meets_target": choice.meets_target,
-        "gpus_one_more": cost_per_engine,
-    }
+def request_quantile(values: np.ndarray, share: float) -> float:
+    """The least scenario value such that the scenarios at or below it bring at least `share` of
+    the requests (each weighs its own demand); 0 when no scenario brings any."""
+    ordered = np.sort(np.asarray(values, float))
+    total = float(ordered.sum())
+    if total <= 0:
+        return 0.0
+    index = int(np.searchsorted(np.cumsum(ordered), share * total * (1 - 1e-12)))
+    return float(ordered[min(index, len(ordered) - 1)])
+
+
+def _at(seen: Demand, f: Forecast, share: float, settings: SlaSettings) -> Demand:
+    """The demand of the scenarios' request-weighted `share` quantile (each level on its own)."""
+    tokens_s, flight = request_quantile(f.tokens_s, share), request_quantile(f.flight, share)
+    return dataclasses.replace(
+        seen,
+        token_rate_s=tokens_s,
+        in_flight_mean=flight,
+        in_flight=peak_concurrency(
+            flight, dispersion=seen.dispersion, quantile=settings.decode_peak_quantile
+        ),
+    )
+
+
+def _expected(
+    role: Role, engines: int, f: Forecast, role_diag: dict[str, Any], seen: Demand, queue: PrefillQueue | None
+) -> float | None:
+    """The expected attainment of `engines` over the scenarios, as attainment.py models it."""
+    if engines < 1:
+        return None
+    if role == "prefill" and queue is not None:
+        load = f.tokens_s + float(role_diag.get("backlog_tokens_s") or 0.0)
+        return expected(queue.met(engines, load), load)
+    if role == "decode":
+        pace = float(role_diag.get("pace") or 1.0)
+        load = f.flight * pace + float(role_diag.get("backlog_in_flight") or 0.0)
+        return expected(decode_met(engines, int(role_diag["batch_limit"]), load, seen.dispersion), load)
+    return None
 
 
 def attainment_wishes(
@@ -128,16 +152,21 @@ def attainment_wishes(
     model: PerfModel | None,
     gpus: Mapping[Role, int],
 ) -> tuple[dict[Role, int], dict[Role, dict[str, Any]]]:
-    """Per role, the count: the larger of the up choice and the current count lowered no further
-    than the keep choice; with what explains it (`sla.roles`)."""
+    """Per role, the count: the larger of the up count and the current count lowered no further
+    than the keep count; with what explains it (`sla.roles`)."""
     assert state.latency is not None
-    goal = role_target(settings.attainment_target)
-    wish: dict[Role, int] = {}
-    diag: dict[Role, dict[str, Any]] = {}
-    draining_tokens_s = 0.0
-    if "prefill" in settings.bounds:
-        bounds = settings.bounds["prefill"]
-        queue = PrefillQueue.build(
+    share = settings.attainment_target
+    up, diag = wishes_at(_at(seen, horizons.up, share, settings), inp, state, settings, lead_s, model)
+    keep, _ = wishes_at(_at(seen, horizons.keep, share, settings), inp, state, settings, lead_s, model)
+    now_demand = dataclasses.replace(
+        seen,
+        in_flight=peak_concurrency(
+            seen.in_flight_mean, dispersion=seen.dispersion, quantile=settings.decode_peak_quantile
+        ),
+    )
+    now, _ = wishes_at(now_demand, inp, state, settings, lead_s, model)
+    queue = (
+        PrefillQueue.build(
             state.latency.prefill,
             seen.mix,
             ttft_target_ms=settings.ttft_target_ms,
@@ -145,64 +174,30 @@ def attainment_wishes(
             correction=state.correction,
             max_utilisation=settings.prefill_max_utilisation,
         )
-        queues = [r.queued.sum_prefill_tokens for r in inp.fpm.get("prefill", {}).values()]
-        queued = sum(queues)
-        drain_s = max(lead_s, settings.level_window_s)
-        opened = inp.expected.get("prefill", 0) > inp.ready.get("prefill", 0)
-        drainable = queued if opened else drainable_tokens(queues, queue.capacity_tokens_s, drain_s)
-        growing = backlog_growth(seen, inp, state, settings, lead_s, queued, queue.capacity_tokens_s)
-        draining_tokens_s = (drainable + growing) / drain_s
-
-        def chooser(scenarios: np.ndarray) -> CountChoice:
-            load = scenarios + draining_tokens_s
-            return cheapest(
-                lambda n: expected(queue.met(n, load), load), goal, bounds.min_replicas, bounds.max_replicas
-            )
-
-        up, keep = chooser(horizons.up.tokens_s), chooser(horizons.keep.tokens_s)
-        now_only = chooser(np.array([seen.token_rate_s]))
-        current = inp.expected.get("prefill", inp.ready.get("prefill", 0))
-        wish["prefill"] = bounds.clamp(max(up.engines, min(current, keep.engines)))
-        diag["prefill"] = {
-            "needed": max(up.engines, min(current, keep.engines)),
-            "needed_now": now_only.engines,
-            "wish": wish["prefill"],
-            "up": _choice_diag(up, gpus.get("prefill", 1)),
-            "keep": _choice_diag(keep, gpus.get("prefill", 1)),
-            "capacity_tokens_s": round(queue.capacity_tokens_s, 1),
-            "queued_tokens": queued,
-            "stuck_tokens": round(queued - drainable, 1),
-            "backlog_growth_tokens": round(growing, 1),
-            "backlog_tokens_s": round(draining_tokens_s, 1),
-            "unservable_share": round(queue.unservable_share, 4),
-            "longest_servable_tokens": queue.longest_servable_tokens,
-        }
-    if "decode" in settings.bounds:
-        bounds = settings.bounds["decode"]
-        terms = decode_terms(
-            seen, inp, state, settings, model, draining_tokens_s=draining_tokens_s, with_held=True
+        if "prefill" in up
+        else None
+    )
+    wish: dict[Role, int] = {}
+    for role, bounds in settings.bounds.items():
+        current = inp.expected.get(role, inp.ready.get(role, 0))
+        # Until the keep horizon rests on the traffic's own pairs alone, nothing says what a lead
+        # brings back: nothing is released.
+        kept = current if horizons.keep.prior else keep[role]
+        wish[role] = bounds.clamp(max(up[role], min(current, kept)))
+        chosen = wish[role]
+        diag[role].update(
+            wish=chosen,
+            needed=max(up[role], min(current, kept)),
+            needed_now=now[role],
+            up=up[role],
+            keep=keep[role],
+            keep_held=bool(horizons.keep.prior),
+            attainment=_round(_expected(role, chosen, horizons.up, diag[role], seen, queue)),
+            attainment_one_fewer=_round(_expected(role, chosen - 1, horizons.up, diag[role], seen, queue)),
+            gpus_one_more=gpus.get(role, 1),
         )
-
-        def chooser_d(scenarios: np.ndarray) -> CountChoice:
-            load = scenarios * terms.pace + terms.drained * terms.pace
-            low = max(bounds.min_replicas, terms.floor())
-            return cheapest(
-                lambda n: expected(decode_met(n, terms.batch, load, seen.dispersion), load),
-                goal,
-                min(low, bounds.max_replicas),
-                bounds.max_replicas,
-            )
-
-        up, keep = chooser_d(horizons.up.flight), chooser_d(horizons.keep.flight)
-        now_only = chooser_d(np.array([seen.in_flight_mean]))
-        current = inp.expected.get("decode", inp.ready.get("decode", 0))
-        wish["decode"] = bounds.clamp(max(up.engines, min(current, keep.engines)))
-        diag["decode"] = {
-            "needed": max(up.engines, min(current, keep.engines)),
-            "needed_now": now_only.engines,
-            "wish": wish["decode"],
-            "up": _choice_diag(up, gpus.get("decode", 1)),
-            "keep": _choice_diag(keep, gpus.get("decode", 1)),
-            **terms.diagnostics,
-        }
     return wish, diag
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 5) if value is not None else None

@@ -18,8 +18,8 @@ now:
 
 Until the history holds `min_pairs` pairs the missing ones are the prior: the history's own peak
 so far, or the level now times `prior_growth` where that is more (a wide guess, as nothing is
-known), so the forecast moves from the prior to the traffic's own pairs as they come. Bursty, gappy traffic yields wide scenario sets and smooth traffic
-narrow ones, with no rule per traffic kind.
+known), so the forecast moves from the prior to the traffic's own pairs as they come. Bursty, gappy
+traffic yields wide scenario sets and smooth traffic narrow ones, with no rule per traffic kind.
 """
 
 from __future__ import annotations

@@ -48,28 +48,25 @@ core planner (app/core/planner.py) gives it a copy, adopted once the tick is sto
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import numpy as np
 
 from app.core.perf.interpolation import PerfModel
 from app.core.sla import quiet
-from app.core.sla.backlog import backlog_growth, drainable_tokens
 from app.core.sla.capacity import (
     LengthMix,
-    PrefillSizing,
     peak_concurrency,
-    prefill_engines,
 )
 from app.core.sla.decide import attainment_wishes, forecasts, observe
-from app.core.sla.decode_wish import decode_wish, record_held
+from app.core.sla.decode_wish import record_held
 from app.core.sla.demand import demand_at
 from app.core.sla.latency import prior_models
 from app.core.sla.learners import check_busy, check_saturated, learn_latency, update_lead, update_scale
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState
 from app.core.sla.types import Demand, SlaInput, SlaReason, SlaResult
+from app.core.sla.wish import wishes_at
 from app.core.types import Role
 
 
@@ -178,7 +175,7 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
             "keep": {**horizons.keep.quantiles(), "pairs": horizons.keep.pairs, "prior": horizons.keep.prior},
         }
     else:
-        wish, role_diag = _wishes(demand, inp, state, settings, lead_s, model)
+        wish, role_diag = wishes_at(demand, inp, state, settings, lead_s, model)
         kept = _quiet_floor(demand, inp, state, settings, lead_s, wish, role_diag, model)
         if kept is not None:
             diagnostics["quiet"] = kept
@@ -368,7 +365,7 @@ def _quiet_floor(
         osl=osl,
         mix=demand.mix if demand.mix.mean > 0 else LengthMix.uniform(isl),
     )
-    needs, _ = _wishes(back, inp, state, settings, lead_s, model, with_held=False)
+    needs, _ = wishes_at(back, inp, state, settings, lead_s, model, with_held=False)
     extra = {role: max(0, needs[role] - wish[role]) for role in wish}
     rate = view.return_tokens_s / isl if isl > 0 else 0.0
     if view.keep:
@@ -384,79 +381,6 @@ def _quiet_floor(
         "keep_engine_s": round(sum(extra.values()) * horizon_s, 1),
         "release_risk_requests": round(view.return_probability * rate * horizon_s, 1),
     }
-
-
-def _wishes(
-    demand: Demand,
-    inp: SlaInput,
-    state: SlaState,
-    settings: SlaSettings,
-    lead_s: float,
-    model: PerfModel | None,
-    with_held: bool = True,
-) -> tuple[dict[Role, int], dict[Role, dict[str, Any]]]:
-    assert state.latency is not None
-    wish: dict[Role, int] = {}
-    diag: dict[Role, dict[str, Any]] = {}
-    draining_tokens_s = 0.0
-    if "prefill" in settings.bounds:
-        # The prompts queued now must be cleared too, by the time more engines could serve.
-        records = inp.fpm.get("prefill", {}).values() if with_held else ()
-        queues = [r.queued.sum_prefill_tokens for r in records]
-        drain_s = max(lead_s, settings.level_window_s)
-
-        def size(backlog_tokens: float) -> PrefillSizing:
-            return prefill_engines(
-                state.latency.prefill,
-                token_rate_s=demand.token_rate_s + backlog_tokens / drain_s,
-                mix=demand.mix,
-                ttft_target_ms=settings.ttft_target_ms,
-                quantile=settings.quantile,
-                max_utilisation=settings.prefill_max_utilisation,
-                max_engines=settings.bounds["prefill"].max_replicas,
-                dispersion=demand.dispersion,
-                correction=state.correction,
-            )
-
-        queued = sum(queues)
-        sizing = size(queued)  # the capacity per engine does not depend on the backlog
-        # While engines are on their way the queue is also the first sign of a rise the level
-        # lags behind, and counts whole; once the engines ordered serve, what is left is stuck.
-        # Read from the counts, not from the order the lead is measured by: that one keeps its
-        # first count (2 engines, met long before the crowd's 20 have arrived).
-        opened = inp.expected.get("prefill", 0) > inp.ready.get("prefill", 0)
-        drainable = queued if opened else drainable_tokens(queues, sizing.capacity_tokens_s, drain_s)
-        if drainable < queued:
-            sizing = size(drainable)
-        growing = backlog_growth(demand, inp, state, settings, lead_s, queued, sizing.capacity_tokens_s)
-        if growing > 0:
-            sizing = size(drainable + growing)
-        backlog_rate = (drainable + growing) / drain_s
-        draining_tokens_s = backlog_rate
-        wish["prefill"] = settings.bounds["prefill"].clamp(sizing.engines)
-        rate = (demand.token_rate_s + backlog_rate) / demand.mix.mean if demand.mix.mean > 0 else 0.0
-        diag["prefill"] = {
-            "needed": sizing.engines,
-            "wish": wish["prefill"],
-            "utilisation": round(sizing.utilisation, 3),
-            "wait_s": round(sizing.wait_s, 3) if math.isfinite(sizing.wait_s) else None,
-            "service_s": round(sizing.service_s, 3),
-            "capacity_tokens_s": round(sizing.capacity_tokens_s, 1),
-            "queued_tokens": queued,
-            "stuck_tokens": round(queued - drainable, 1),
-            "backlog_growth_tokens": round(growing, 1),
-            "backlog_tokens_s": round(backlog_rate, 1),
-            "meets_target": sizing.meets_target,
-            "miss_share": round(sizing.miss_share, 4),
-            "unservable_share": round(sizing.unservable_share, 4),
-            "unservable_rate_s": round(sizing.unservable_share * rate, 3),
-            "longest_servable_tokens": sizing.longest_servable_tokens,
-        }
-    if "decode" in settings.bounds:
-        wish["decode"], diag["decode"] = decode_wish(
-            demand, inp, state, settings, model, draining_tokens_s=draining_tokens_s, with_held=with_held
-        )
-    return wish, diag
 
 
 def _rounded(pair: tuple[float, float] | None, digits: int = 3) -> list[float] | None:
