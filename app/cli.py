@@ -358,7 +358,15 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     replay.add_argument(
         "--rate-scale",
         type=_number(minimum=0, inclusive=False, maximum=MAX_RATE_SCALE),
-        help="K requests per trace request, arrivals +-0.5 s",
+        help="K requests per trace request, arrivals +-0.5 s (--rate-spread-s)",
+    )
+    replay.add_argument(
+        "--rate-spread-s",
+        metavar="SECONDS",
+        type=_number(minimum=0, inclusive=True, maximum=MAX_DELAY_S),
+        help="with --rate-scale: each copy arrives within +-SECONDS of its request (default: 0.5). "
+        "Clustered copies make one-second bursts that more users at the same rate may not; a wider "
+        "window spreads each request's copies over it",
     )
     replay.add_argument("--modes", type=_modes, help=MODES_HELP)
     replay.add_argument(

@@ -1,4 +1,4 @@
-"""Decision quality: each policy replayed on eight workloads in six worlds, against the clairvoyant oracle.
+"""Decision quality: each policy replayed on twelve workloads in six worlds, against the clairvoyant oracle.
 
 Workloads (`app.sim.workload.WORKLOADS`, built from the traces bundled in data/traces/):
 - `azure-conv-x30`: the Azure LLM inference trace 2023 (conversation), 19,366 requests over
@@ -16,11 +16,17 @@ Workloads (`app.sim.workload.WORKLOADS`, built from the traces bundled in data/t
 - `long-prompt`: 8 to 16 req/s of Mooncake's synthetic lengths with prompts x 1.35 (mean 20k
   tokens, p99 90k); 30 minutes;
 - `heavy-tail-output`: 50 to 110 req/s, Azure prompts, lognormal outputs (median 180 tokens,
-  p99 3.4k); 30 minutes.
+  p99 3.4k); 30 minutes;
+- `code-bursts-clustered`, `code-bursts-spread` (and `-s1`, seed 1): code completion as a real
+  editor fleet sends it (app/sim/bursts.py: on/off bursts from silence or a trickle, heavy-tailed
+  gaps, per-minute counts varying by their mean), 30 minutes at 20x the base rate (about 50
+  req/s on average, 92k and 76k requests): each request's 20 copies within ±0.5 s (clustered, as
+  `--rate-scale` makes them) or spread over ±30 s (`--rate-spread-s 30`: more users at the same
+  rate, without one-second clusters).
 
 Halves (`--half`), fixed so that tuning never sees the workloads results are reported on:
 `train` = azure-conv-x30, flash-crowd, long-prompt, diurnal (tune here); `test` = servegen-day1,
-bursty-gaps, heavy-tail-output, mooncake-arxiv (report here).
+bursty-gaps, heavy-tail-output, mooncake-arxiv and the four code-bursts workloads (report here).
 
 Worlds: `profile` (the planner's own profile is the truth), `profile-1.2` (the same, 20% slower),
 and the named truths of app/sim/truth.py, `simulation.truth`: `smooth`, `one-prompt`,
@@ -28,6 +34,9 @@ and the named truths of app/sim/truth.py, `simulation.truth`: `smooth`, `one-pro
 each (workload, world, delay) cell every policy (oracle, static, reactive, seed, planner) runs on
 the same world (`seed` is the reference's throughput and load modes, `planner` SLA scaling),
 with the settings of examples/replay.yaml (TTFT 1 s, ITL 30 ms, H200 Llama-3.1-8B FP8 profile).
+`fixed` is a sweep of engine counts held all run, ordered from the same start at the planner's
+first tick (bench/fixed_frontier.py: up to 14 replays per cell, rows `fixed P/D`): the cell's
+fixed-count frontier, and whether a fixed count beats the planner on both axes.
 Per run: SLO attainment (TTFT and mean ITL both met), GPU-hours, GPU-hours over the oracle's
 lower bound, scaling actions, and the requests no policy could serve (late even alone on an idle
 engine; the same for every policy of a cell).
@@ -36,16 +45,19 @@ engine; the same for every policy of a cell).
         [--worlds a,b] [--delays 30,120] [--policies planner] [--scaling FIELD=VALUE ...]
         [--workers 2] [--out FILE]
 
-The default is the whole matrix: 8 workloads x 6 worlds x 3 delays = 144 cells of 5 replays.
+The default is the whole matrix: 12 workloads x 6 worlds x 3 delays = 216 cells of 5 replays and
+a fixed sweep.
 `--quick` runs delay 120 s in the worlds profile, smooth, one-prompt, prefix-cost and
 rising-decode (explicit `--delays` or `--worlds` win over it). `--scaling FIELD=VALUE`
 (repeatable) overrides a field of the deployment's `scaling:` section for every cell, which is
 how the variants in docs/benchmarks.md were measured. Progress goes to stderr as cells finish;
 stdout gets one markdown table per world (rows workload x delay, one `attainment / ÷ oracle`
-column per policy), then the goal summary and, for each planner cell that misses the goal, why
-(bench/miss_causes.py: its misses by cause, its GPU-hours per role over the oracle's, the share
-held beyond the load measured now); bench/results/replay_quality.json (or `--out`) gets every
-row, the planner's with that breakdown under `why`.
+column per policy; with `fixed`, the cheapest fixed count reaching the planner's attainment, the
+best fixed count and the one beating the planner, if any), then the goal summary and, for each
+planner cell that misses the goal, why (bench/miss_causes.py: its misses by cause, its GPU-hours
+per role over the oracle's, the share held beyond the load measured now);
+bench/results/replay_quality.json (or `--out`) gets every row, the planner's with that breakdown
+under `why`, and each cell's fixed frontier under `frontiers`.
 """
 
 from __future__ import annotations
@@ -76,6 +88,15 @@ from app.sim.replay import build_world, make_policy, run_policy  # noqa: E402
 from app.sim.request_table import request_table  # noqa: E402
 from app.sim.workload import WORKLOADS as WORKLOAD_BUILDERS  # noqa: E402
 from app.sim.workload import build_workload  # noqa: E402
+from bench.fixed_frontier import (  # noqa: E402
+    FRONTIER_COLUMNS,
+    fixed_rows,
+    fixed_summary,
+    format_fixed_summary,
+    frontier_entries,
+    frontiers,
+    is_fixed,
+)
 from bench.miss_causes import format_why, why  # noqa: E402
 
 # The matrix's workloads, in table order.
@@ -84,11 +105,21 @@ MATRIX_WORKLOADS: tuple[str, ...] = tuple(WORKLOAD_BUILDERS)
 WORKLOADS = ("azure-conv-x30", "servegen-day1")
 HALVES: dict[str, tuple[str, ...]] = {
     "train": ("azure-conv-x30", "flash-crowd", "long-prompt", "diurnal"),
-    "test": ("servegen-day1", "bursty-gaps", "heavy-tail-output", "mooncake-arxiv"),
+    "test": (
+        "servegen-day1",
+        "bursty-gaps",
+        "heavy-tail-output",
+        "mooncake-arxiv",
+        "code-bursts-clustered",
+        "code-bursts-spread",
+        "code-bursts-clustered-s1",
+        "code-bursts-spread-s1",
+    ),
 }
 DELAYS_S = (30, 120, 300)
 TRUTH_SCALES = (1.0, 1.2)
-POLICIES = ("oracle", "static", "reactive", "seed", "planner")
+# `fixed`: the fixed-count sweep (bench/fixed_frontier.py), run after the others of its cell.
+POLICIES = ("oracle", "static", "reactive", "seed", "planner", "fixed")
 # World name -> (simulation.truth, truth scale); None: the profile itself is the truth.
 WORLDS: dict[str, tuple[str | None, float]] = {
     "profile": (None, 1.0),
@@ -167,46 +198,57 @@ def run_cell(
     built = time.perf_counter()
     world = build_world(config, requests)
     oracle_s = time.perf_counter() - built
+    base = {
+        "workload": name,
+        "world": world_name(truth, truth_scale),
+        "truth": truth or "profile",
+        "delay_s": delay_s,
+        "truth_scale": truth_scale,
+    }
     rows = []
-    for policy in policies:
+    start = None  # the planner's start and first tick: the fixed counts' too
+    for policy in (p for p in policies if p != "fixed"):
         policy_cpu_started = time.process_time()
         runner = make_policy(policy, world)
+        if policy == "planner":
+            start = (runner.initial(), runner.first_tick_s())
         result = run_policy(world, runner, trace_name=name)
-        policy_cpu_s = time.process_time() - policy_cpu_started
-        table = request_table(result.requests, result.ttft_target_ms, result.itl_target_ms)
-        s = summarize(result, table=table, truth=world.truth)
-        rows.append(
-            {
-                "workload": name,
-                "world": world_name(truth, truth_scale),
-                "truth": truth or "profile",
-                "delay_s": delay_s,
-                "truth_scale": truth_scale,
-                "policy": policy,
-                "requests": s["requests"],
-                "slo_attainment": s["slo_attainment"],
-                "ttft_attainment": s["ttft_attainment"],
-                "itl_attainment": s["itl_attainment"],
-                "gpu_hours": s["gpu_hours"],
-                "oracle_gpu_hours": s["oracle_gpu_hours"],
-                "gpu_hours_over_oracle": s["gpu_hours_over_oracle"],
-                "scaling_actions": s["scaling_actions"],
-                # Late even alone on an idle engine in this world: the same for every policy.
-                "unservable_requests": s["unservable_requests"],
-                "sim_s_per_wall_s": s["simulated_s_per_wall_s"],
-                "replay_cpu_s": policy_cpu_s,
-                "oracle_compute_s": oracle_s,
-            }
-        )
+        row, table = _row(base, policy, world, result, time.process_time() - policy_cpu_started, oracle_s)
         if policy == "planner":
             # Why the cell lands where it does: its misses and GPU-hours taken apart (bench/miss_causes.py).
-            rows[-1]["why"] = why(result, table, world.truth, runner.ticks)
+            row["why"] = why(result, table, world.truth, runner.ticks)
+        rows.append(row)
+    if "fixed" in policies:
+        # After the others: the sweep aims at the planner's attainment (bench/fixed_frontier.py).
+        def fixed_row(policy: str, result: Any, cpu_s: float) -> dict:
+            return _row(base, policy, world, result, cpu_s, oracle_s)[0]
+
+        rows += fixed_rows(world, base, fixed_row, cell_rows=rows, start=start, no_reference=GOAL_ATTAINMENT)
     # CPU seconds as well as wall seconds: on a shared machine only the former predict the
     # matrix's time on idle cores.
     cell_s, cell_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
     for row in rows:
         row["cell_wall_s"], row["cell_cpu_s"] = cell_s, cell_cpu_s
     return rows
+
+
+def _row(base: dict, policy: str, world: Any, result: Any, cpu_s: float, oracle_s: float) -> tuple[dict, Any]:
+    """One run's matrix row, and its request table."""
+    table = request_table(result.requests, result.ttft_target_ms, result.itl_target_ms)
+    s = summarize(result, table=table, truth=world.truth)
+    keys = ("requests", "slo_attainment", "ttft_attainment", "itl_attainment", "gpu_hours")
+    row = {**base, "policy": policy, **{k: s[k] for k in keys}}
+    row.update(
+        oracle_gpu_hours=s["oracle_gpu_hours"],
+        gpu_hours_over_oracle=s["gpu_hours_over_oracle"],
+        scaling_actions=s["scaling_actions"],
+        # Late even alone on an idle engine in this world: the same for every policy.
+        unservable_requests=s["unservable_requests"],
+        sim_s_per_wall_s=s["simulated_s_per_wall_s"],
+        replay_cpu_s=cpu_s,
+        oracle_compute_s=oracle_s,
+    )
+    return row, table
 
 
 # --- selection ------------------------------------------------------------------------------------
@@ -262,13 +304,16 @@ def _ratio(value: float | None) -> str:
 
 def world_table(rows: Sequence[dict], world: str, policies: Sequence[str]) -> str:
     """One world's markdown table: a row per (workload, delay), a column `attainment / ÷ oracle`
-    per policy."""
+    per policy; for `fixed`, the FRONTIER_COLUMNS of bench/fixed_frontier.py instead."""
     cells: dict[tuple[str, float], dict[str, dict]] = {}
     for r in rows:
         if r["world"] == world:
             cells.setdefault((r["workload"], r["delay_s"]), {})[r["policy"]] = r
-    head = ["workload", "delay", "oracle GPU-h", "unservable", *policies]
-    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---:|" + "---|" * len(policies)]
+    frontier = "fixed" in policies
+    policies = [p for p in policies if p != "fixed"]
+    extra = FRONTIER_COLUMNS if frontier else ()
+    head = ["workload", "delay", "oracle GPU-h", "unservable", *policies, *extra]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---:|" + "---|" * (len(policies) + len(extra))]
     for (name, delay_s), by_policy in cells.items():
         any_row = next(iter(by_policy.values()))
         unservable = any_row.get("unservable_requests")
@@ -278,6 +323,8 @@ def world_table(rows: Sequence[dict], world: str, policies: Sequence[str]) -> st
             else "–"
             for p in policies
         ]
+        if frontier:
+            entries += frontier_entries(by_policy)
         lines.append(
             f"| {name} | {delay_s:g} s | {any_row['oracle_gpu_hours']:.2f} "
             f"| {'–' if unservable is None else unservable} | " + " | ".join(entries) + " |"
@@ -304,7 +351,9 @@ def goal_summary(rows: Sequence[dict]) -> dict[str, list[str]]:
     `workload world delay`; empty lists without planner rows. `no_static` names the planner's
     cells that ran no static row (`--policies planner`): they are not compared with static.
     `below_95_servable` names the cells below 95% that reach it over the requests some engine
-    count could serve: the others every policy misses, the oracle too."""
+    count could serve: the others every policy misses, the oracle too. The planner against its
+    cell's fixed counts: `beaten_by_fixed`, `no_dearer_than_fixed`, `dearer_than_fixed` and
+    `no_fixed` (bench/fixed_frontier.py's `fixed_summary`)."""
     by_cell: dict[tuple[str, str, float], dict[str, dict]] = {}
     for r in rows:
         by_cell.setdefault((r["workload"], r["world"], r["delay_s"]), {})[r["policy"]] = r
@@ -341,7 +390,7 @@ def goal_summary(rows: Sequence[dict]) -> dict[str, list[str]]:
                 f"{label} ({attainment:.1%} vs {static['slo_attainment']:.1%}, "
                 f"{planner['gpu_hours']:.2f} vs {static['gpu_hours']:.2f} GPU-h)"
             )
-    return out
+    return {**out, **fixed_summary(rows, LOW_ATTAINMENT)}
 
 
 def _servable_attainment(row: dict) -> float | None:
@@ -372,7 +421,7 @@ def format_summary(summary: dict[str, list[str]]) -> str:
     if summary["no_static"]:
         n = len(summary["no_static"])
         lines[-1] += f" (not compared in {n} cell{'s' * (n != 1)}: no static row in this run)"
-    return "\n".join(lines)
+    return "\n".join(lines + format_fixed_summary(summary, LOW_ATTAINMENT))
 
 
 def main() -> int:
@@ -425,9 +474,14 @@ def main() -> int:
                 stream.writelines(json.dumps(row) + "\n" for row in results[cell])
             name, world, delay_s = cell
             first = results[cell][0]
+            swept = next((r["sweep"] for r in results[cell] if is_fixed(r)), None)
+            fixed = ""
+            if swept is not None:
+                fixed = f"; fixed sweep {swept['replays']} replays, {swept['wall_s']:.0f} s "
+                fixed += f"(CPU {swept['cpu_s']:.0f} s)"
             print(
                 f"[{done}/{len(cells)}] {name} {world} {delay_s:g} s: {first['cell_wall_s']:.0f} s "
-                f"(CPU {first['cell_cpu_s']:.0f} s)",
+                f"(CPU {first['cell_cpu_s']:.0f} s){fixed}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -450,6 +504,7 @@ def main() -> int:
     record = {
         "rows": rows,
         "summary": summary,
+        "frontiers": frontiers(rows),
         "wall_s": wall_s,
         "workers": args.workers,
         "scaling": args.scaling,

@@ -51,6 +51,8 @@ class OracleConfig(Strict):
 class SimulationConfig(Strict):
     startup_delay_s: float = Field(default=120.0, ge=0)
     rate_scale: float = Field(default=1.0, gt=0)
+    # Each copy of a request (rate_scale > 1) arrives within ±rate_spread_s of it.
+    rate_spread_s: float = Field(default=0.5, ge=0, allow_inf_nan=False)
     truth_scale: float = Field(default=1.0, gt=0)
     truth_profile: str | None = None  # default: the deployment's profile
     # The world's latency shape (app/sim/truth.py WORLDS), names combined with commas.
@@ -140,6 +142,7 @@ def with_overrides(
     truth: str | None = None,
     seed: int | None = None,
     rate_scale: float | None = None,
+    rate_spread_s: float | None = None,
     modes: tuple[str, ...] | None = None,
     scale_to_zero_quiet_s: float | None = None,
     scale_to_zero_forecast: bool = False,
@@ -196,6 +199,7 @@ def with_overrides(
         "truth": truth,
         "seed": seed,
         "rate_scale": rate_scale,
+        "rate_spread_s": rate_spread_s,
     }
     return ReplayConfig(
         path=config.path,

@@ -2,6 +2,7 @@
 
 - `planner`: the planner itself, through `EmbeddedPlanner` (the configured modes);
 - `static`: fixed replicas sized by the profile for the trace's busiest minute;
+- `fixed`: given counts, ordered at the first tick from the replay's start and held all run;
 - `reactive`: an HPA-like baseline on queue depth (prefill) and KV use (decode);
 - `oracle`: the clairvoyant schedule of `app/sim/oracle.py`, applied on time.
 
@@ -128,6 +129,29 @@ class StaticPolicy:
 
     def tick(self, now_s: float, cluster: Cluster) -> PolicyStep:
         return PolicyStep(None, self.reason, math.inf)
+
+
+class FixedPolicy:
+    """Fixed counts ordered from the same start as the other policies: the run starts from
+    `initial` (the replay's start), the first tick at `first_tick_s` orders `target` and every
+    later tick holds it. Engines above the start are ordered then and serve a start-up delay
+    later; engines beyond the target go at once (starting ones stopped, serving ones drained).
+    Named `fixed P/D`, prefill/decode."""
+
+    def __init__(self, initial: dict[str, int], target: dict[str, int], *, first_tick_s: float) -> None:
+        self._initial = dict(initial)
+        self.target = {role: target[role] for role in ROLES}
+        self._first_tick_s = first_tick_s
+        self.name = f"fixed {self.target['prefill']}/{self.target['decode']}"
+
+    def initial(self) -> dict[str, int]:
+        return dict(self._initial)
+
+    def first_tick_s(self) -> float:
+        return self._first_tick_s
+
+    def tick(self, now_s: float, cluster: Cluster) -> PolicyStep:
+        return PolicyStep(dict(self.target), f"{self.name}: ordered once, held all run", math.inf)
 
 
 class ReactivePolicy:

@@ -224,7 +224,7 @@ def load_requests(config: ReplayConfig, trace: Path) -> list[TraceRequest]:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--trace: {exc}") from None
     sim = config.simulation
-    return expand_rate(requests, sim.rate_scale, sim.seed)
+    return expand_rate(requests, sim.rate_scale, sim.seed, spread_s=sim.rate_spread_s)
 
 
 class ProgressLines:
@@ -318,6 +318,7 @@ def run_command(args: Any, *, started_s: float | None = None) -> int:
         truth=args.truth,
         seed=args.seed,
         rate_scale=args.rate_scale,
+        rate_spread_s=getattr(args, "rate_spread_s", None),
         modes=args.modes,
         scale_to_zero_quiet_s=getattr(args, "scale_to_zero_quiet_s", None),
         scale_to_zero_forecast=bool(getattr(args, "scale_to_zero_forecast", False)),

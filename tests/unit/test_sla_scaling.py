@@ -35,7 +35,7 @@ from app.core.sla.capacity import (
     prefill_engines,
     profile_decode_floor,
 )
-from app.core.sla.demand import busiest_rate, _growth_quantiles, _quantile_line, _surge
+from app.core.sla.demand import _growth_quantiles, _quantile_line, _surge, busiest_rate
 from app.core.sla.latency import DecodeCost, LatencyModels, PrefillCost, prefill_features, prior_models
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState

@@ -5,14 +5,20 @@ every workload of the matrix (and `planner replay --workload` replays one by nam
 from __future__ import annotations
 
 import json
+import math
+import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from app.cli import main as planner_main
+from app.config import ConfigError
 from app.core.traces import TraceRequest
+from app.sim.bursts import code_bursts, completion_lengths, traffic_stats
+from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
 from app.sim.workload import (
     AZURE_CONV,
     DATA_DIR,
@@ -22,6 +28,7 @@ from app.sim.workload import (
     build_workload,
     bursty_gaps,
     diurnal,
+    expand_rate,
     flash_crowd,
     heavy_tail_output,
     long_prompt,
@@ -141,6 +148,7 @@ GENERATORS: dict[str, Callable[[int], list[TraceRequest]]] = {
     "heavy_tail_output": lambda seed: heavy_tail_output(
         LENGTHS, low_rps=5, high_rps=11, duration_s=300, seed=seed
     ),
+    "code_bursts": lambda seed: code_bursts(duration_s=600, seed=seed),
 }
 
 
@@ -165,6 +173,10 @@ def test_the_registry_names_every_workload_of_the_matrix() -> None:
         "diurnal",
         "long-prompt",
         "heavy-tail-output",
+        "code-bursts-clustered",
+        "code-bursts-spread",
+        "code-bursts-clustered-s1",
+        "code-bursts-spread-s1",
     ]
 
 
@@ -217,3 +229,284 @@ def test_a_bad_workload_flag_is_one_line(tmp_path: Path, capsys, args: list[str]
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("planner: error: ")
     assert message in lines[0]
+
+
+# --- Copies of a request: within ±spread_s of it ---------------------------------------------------
+
+TWO = [TraceRequest(0.2, 100, 10), TraceRequest(5.0, 200, 20)]
+
+
+@pytest.mark.parametrize("spread_s", [0.0, 0.5, 30.0])
+def test_each_copy_lands_within_the_spread_of_its_request(spread_s: float) -> None:
+    trace = [TraceRequest(40.0, 100, 10), TraceRequest(100.0, 200, 20), TraceRequest(10.0, 300, 30)]
+    out = expand_rate(trace, 20, seed=3, spread_s=spread_s)
+    assert len(out) == 60
+    for source in trace:
+        copies = arrivals([r for r in out if r.isl_tokens == source.isl_tokens])
+        assert len(copies) == 20
+        assert (copies >= max(0.0, source.arrival_s - spread_s)).all()
+        assert (copies <= source.arrival_s + spread_s).all()
+        if spread_s:  # spread over the window, not bunched at its centre
+            assert copies.max() - copies.min() > spread_s
+    assert [r.arrival_s for r in out] == sorted(r.arrival_s for r in out)
+
+
+def test_the_default_spread_is_half_a_second_and_gives_the_same_requests_as_before() -> None:
+    default = expand_rate(TWO, 2.5, seed=7)
+    assert default == expand_rate(TWO, 2.5, seed=7, spread_s=0.5)
+    # Pinned: what expand_rate gave before the spread was a parameter.
+    assert [r.arrival_s for r in default] == pytest.approx([0.0, 0.0, 0.350934, 4.557999, 4.865689], abs=1e-6)
+    assert expand_rate(TWO, 3, seed=1, spread_s=0) == [TWO[0]] * 3 + [TWO[1]] * 3
+
+
+@pytest.mark.parametrize("spread_s", [-0.1, float("nan"), float("inf"), float("-inf")])
+def test_a_bad_spread_is_refused(spread_s: float) -> None:
+    with pytest.raises(ValueError, match=r"rate spread must be a finite number of seconds >= 0"):
+        expand_rate(TWO, 2, seed=0, spread_s=spread_s)
+
+
+def test_the_replay_takes_the_spread_from_the_flag_or_the_file(tmp_path: Path, capsys) -> None:
+    trace = tmp_path / "three.jsonl"
+    trace.write_text(
+        "".join(
+            json.dumps({"timestamp": t * 1000.0, "input_length": 1000, "output_length": 20}) + "\n"
+            for t in (0, 100, 200)
+        )
+    )
+    out = tmp_path / "out"
+    args = ["--trace", str(trace), "--policy", "static", "--rate-scale", "10", "--rate-spread-s", "30"]
+    assert planner_main(["replay", *args, "--out", str(out), "--quiet"]) == 0, capsys.readouterr().err
+    served = np.loadtxt(out / "requests.csv", delimiter=",", skiprows=1, usecols=1)
+    middle = served[(served > 50) & (served < 150)]
+    assert len(served) == 30 and len(middle) == 10
+    assert 70 <= middle.min() and middle.max() <= 130 and middle.max() - middle.min() > 1
+    config = load_replay_config(DEFAULT_REPLAY_CONFIG)
+    assert config.simulation.rate_spread_s == 0.5
+    assert with_overrides(config, rate_spread_s=30).simulation.rate_spread_s == 30
+    assert with_overrides(config).simulation.rate_spread_s == 0.5
+
+
+def test_a_bad_spread_in_the_replay_file_names_the_field(tmp_path: Path) -> None:
+    raw = DEFAULT_REPLAY_CONFIG.read_text().replace("simulation:\n", "simulation:\n  rate_spread_s: -1\n", 1)
+    path = tmp_path / "replay.yaml"
+    path.write_text(raw.replace("../data/", str(DEFAULT_REPLAY_CONFIG.parents[1] / "data") + "/"))
+    with pytest.raises(
+        ConfigError, match=r"simulation\.rate_spread_s: Input should be greater than or equal"
+    ):
+        load_replay_config(path)
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("-1", "a negative half-width is no window"),
+        ("x", "not a number"),
+        ("nan", "not a finite number"),
+        ("inf", "not a finite number"),
+        ("1e6", "beyond a day, like the other durations' bound"),
+    ],
+)
+def test_a_bad_rate_spread_flag_is_one_line(tmp_path: Path, capsys, value: str, why: str) -> None:
+    try:
+        code = planner_main(
+            ["replay", "--workload", "diurnal", "--rate-spread-s", value, "--out", str(tmp_path)]
+        )
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    assert code == 2, why
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        f"planner: error: argument --rate-spread-s: must be a number >= 0 and <= 86400, got {value!r}"
+    ], why
+
+
+# --- Code completion: bursts out of silence ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StatsCase:
+    name: str
+    why: str
+    requests: list[TraceRequest]
+    duration_s: float
+    expected: dict[str, float]
+
+
+STATS_CASES = [
+    StatsCase(
+        "three_minutes",
+        "minutes of 3, 1 and 2 requests; two gaps of a minute; lengths 100..600 and 1..6",
+        [TraceRequest(t, 100 * (i + 1), i + 1) for i, t in enumerate([0.0, 1.0, 2.0, 65.0, 130.0, 131.0])],
+        180.0,
+        {
+            "requests": 6,
+            "rate_rps": 6 / 180,
+            "minute_mean": 2,
+            "minute_max": 3,
+            "minute_cv": (2 / 3) ** 0.5 / 2,
+            "minute_empty": 0,
+            "minute_empty_share": 0,
+            # 10 s windows: 3 in the first, 1 in the 7th, 2 in the 14th, 15 of 18 empty.
+            "window10s_mean": 1 / 3,
+            "window10s_max": 3,
+            "window10s_cv": 6**0.5,
+            "window10s_empty": 15,
+            "window10s_empty_share": 15 / 18,
+            # Rises 1/3 and 2/1: the 90th percentile interpolates between them.
+            "rise_p90": 1 / 3 + 0.9 * (2 - 1 / 3),
+            "gaps_30s": 2,
+            "longest_gap_s": 65,
+            "isl_mean": 350,
+            "isl_p50": 350,
+            "osl_mean": 3.5,
+            "osl_p50": 3.5,
+        },
+    ),
+    StatsCase(
+        "silent_minutes",
+        "two empty minutes between two requests: no rise out of an empty minute, one 190 s gap",
+        [TraceRequest(10.0, 1, 1), TraceRequest(200.0, 1, 1)],
+        240.0,
+        {
+            "minute_empty": 2,
+            "minute_empty_share": 0.5,
+            "minute_max": 1,
+            "rise_p90": 0,
+            "gaps_30s": 1,
+            "longest_gap_s": 190,
+        },
+    ),
+    StatsCase(
+        "partial_last_minute",
+        "90 s: one whole minute and nine 10 s windows; the request at 100 s counts in the gaps only",
+        [TraceRequest(5.0, 1, 1), TraceRequest(70.0, 1, 1), TraceRequest(100.0, 1, 1)],
+        90.0,
+        {
+            "minute_mean": 1,
+            "minute_cv": 0,
+            "rise_p90": 0,
+            "window10s_empty": 7,
+            "gaps_30s": 2,
+            "longest_gap_s": 65,
+            "rate_rps": 3 / 90,
+        },
+    ),
+    StatsCase(
+        "no_request",
+        "an empty minute: zeros, not a division by zero",
+        [],
+        60.0,
+        {
+            "requests": 0,
+            "minute_mean": 0,
+            "minute_cv": 0,
+            "minute_empty": 1,
+            "window10s_empty": 6,
+            "rise_p90": 0,
+            "gaps_30s": 0,
+            "longest_gap_s": 0,
+            "isl_mean": 0,
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize("case", STATS_CASES, ids=lambda c: c.name)
+def test_traffic_stats_counts_known_requests(case: StatsCase) -> None:
+    stats = traffic_stats(case.requests, case.duration_s)
+    for key, value in case.expected.items():
+        assert stats[key] == pytest.approx(value), f"{case.why}: {key}"
+
+
+def test_traffic_stats_needs_a_whole_minute() -> None:
+    with pytest.raises(ValueError, match="at least a minute"):
+        traffic_stats([], 59.0)
+
+
+# The real code-completion trace at its own rate (58 minutes), and the range `code_bursts` is held
+# to at 1x over the same 58 minutes. The ranges are about the 10th to 90th percentiles of 40 seeds
+# (seeds 0 and 1 are tested): a 58-minute draw of bursty traffic varies, most of all the rise
+# (5x to 65x from seed to seed: it rests on a handful of minutes).
+REAL_TRACE_S = 58 * 60
+REAL_TRACE = {
+    "rate_rps": (2.53, 2.0, 3.1),
+    "minute_max": (632, 400, 1000),
+    "minute_cv": (1.03, 0.8, 1.4),
+    "minute_empty": (12, 3, 20),
+    "window10s_cv": (1.67, 1.4, 2.2),
+    "window10s_empty_share": (0.56, 0.45, 0.7),
+    "gaps_30s": (24, 18, 36),
+    "longest_gap_s": (210, 100, 240),
+    "rise_p90": (23, 10, math.inf),
+}
+# Lengths: within 15% of the trace's (one lognormal cannot match a median, a mean and a p99 at once).
+REAL_LENGTHS = {
+    "isl_p50": 1469,
+    "isl_mean": 2048,
+    "isl_p99": 7436,
+    "osl_p50": 13,
+    "osl_mean": 28,
+    "osl_p99": 252,
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_code_bursts_has_the_real_traces_statistics(seed: int) -> None:
+    stats = traffic_stats(code_bursts(duration_s=REAL_TRACE_S, seed=seed), REAL_TRACE_S)
+    for key, (real, low, high) in REAL_TRACE.items():
+        assert low <= stats[key] <= high, f"{key}: {stats[key]:.3g}, the real trace's {real}"
+    for key, real in REAL_LENGTHS.items():
+        assert stats[key] == pytest.approx(real, rel=0.15), key
+
+
+def test_code_bursts_starts_bursts_out_of_silence_at_full_rate() -> None:
+    requests = code_bursts(seed=0)
+    a = arrivals(requests)
+    assert a[0] >= 2  # a gap first
+    seconds = np.bincount(a.astype(int))
+    # Burst onsets: a second with 5+ requests after 10 s with at most one.
+    onsets = [s for s in range(10, len(seconds)) if seconds[s] >= 5 and seconds[s - 10 : s].sum() <= 1]
+    assert len(onsets) >= 10  # many times in half an hour
+
+
+def test_completion_lengths_are_clipped() -> None:
+    rng = random.Random(0)
+    pairs = np.array([completion_lengths(rng) for _ in range(20_000)])
+    assert pairs[:, 0].min() >= 16 and pairs[:, 0].max() <= 8192
+    assert pairs[:, 1].min() >= 1 and pairs[:, 1].max() <= 1024
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"duration_s": 0}, "duration"),
+        ({"duration_s": float("inf")}, "duration"),
+        ({"short_gap_s": (0.0, 30.0)}, "gaps"),
+        ({"max_gap_s": 20.0}, "gaps"),
+        ({"long_gap_share": 1.5}, "share"),
+        ({"rate_median_rps": 0}, "positive"),
+    ],
+)
+def test_code_bursts_refuses_bad_parameters(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        code_bursts(**kwargs)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_code_bursts_at_20x_clustered_or_spread(seed: int) -> None:
+    suffix = "-s1" if seed else ""
+    base = code_bursts(duration_s=1800, seed=seed)
+    clustered = build_workload(f"code-bursts-clustered{suffix}")
+    spread = build_workload(f"code-bursts-spread{suffix}")
+    assert len(clustered) == len(spread) == 20 * len(base)
+    assert 60_000 <= len(clustered) <= 120_000
+    lengths = sorted((r.isl_tokens, r.osl_tokens) for r in base for _ in range(20))
+    assert sorted((r.isl_tokens, r.osl_tokens) for r in spread) == lengths
+    # The same minutes, within the 30 s the copies move.
+    assert abs(rate_rps(clustered, 0, 1800) - rate_rps(spread, 0, 1800)) < 0.05 * rate_rps(clustered, 0, 1800)
+    # Clustered copies keep the silence and make one-second bursts of 20; spread ones fill the
+    # short gaps and smooth the seconds.
+    tight, wide = traffic_stats(clustered, 1800), traffic_stats(spread, 1800)
+    assert tight["window10s_empty_share"] >= 0.4 and wide["window10s_empty_share"] <= 0.25
+    assert tight["gaps_30s"] >= 10 > wide["gaps_30s"]
+    assert np.percentile(per_second(clustered), 99) > 1.5 * np.percentile(per_second(spread), 99)
