@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special, stats
 
-from app.core.sla.capacity import LengthMix
+from app.core.sla.capacity import LengthMix, mix_times
 from app.core.sla.latency import PrefillCost
 
 
@@ -76,12 +76,7 @@ class PrefillQueue:
     ) -> PrefillQueue:
         target_s = ttft_target_ms / 1000.0
         longest = cost.longest_within_s(target_s * correction)
-        points = mix.points or ((mix.mean, 1.0),)
-        lengths = np.array([length for length, _ in points])
-        weights = np.array([w for _, w in points], float)
-        weights = weights / weights.sum()
-        alone = np.array([cost.alone_s(length) for length in lengths]) / correction
-        busy = np.array([cost.busy_s(length) for length in lengths]) / correction
+        lengths, weights, alone, busy = mix_times(cost, mix, correction)
         servable = lengths <= longest
         mean_tokens = float(weights @ lengths)
         mean_s = float(weights @ busy)

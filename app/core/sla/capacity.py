@@ -145,12 +145,7 @@ def prefill_engines(
     # The correction divides every engine time, so the longest servable prompt is the longest
     # whose uncorrected prefill fits the target times the correction.
     longest = cost.longest_within_s(target_s * correction)
-    points = mix.points or ((mix.mean, 1.0),)
-    lengths = np.array([length for length, _ in points])
-    weights = np.array([w for _, w in points])
-    weights = weights / weights.sum()
-    alone = np.array([cost.alone_s(length) for length in lengths]) / correction
-    busy = np.array([cost.busy_s(length) for length in lengths]) / correction
+    lengths, weights, alone, busy = mix_times(cost, mix, correction)
     servable = lengths <= longest
     unservable = float(weights[~servable].sum())
     mean_len = float(weights @ lengths)
@@ -194,6 +189,28 @@ def prefill_engines(
     c, rho, waits, mean_wait, miss = next(t for t in tried if t[4] <= best + allowed)
     wait_s = _wait_quantile_s(waits, mean_wait, quantile) if math.isfinite(mean_wait) else math.inf
     return PrefillSizing(c, rho, wait_s, service_s, capacity, False, miss, unservable, longest)
+
+
+# The last mix's engine times: a tick sizes the same mix on the same learned cost several times (at
+# the level, the forecast, the backlog), and the prompts' chunk-by-chunk times are most of a call.
+# The cost object is held with its result, so its id is not reused while the entry stands.
+_MIX_TIMES: list[tuple[PrefillCost, LengthMix, float, tuple[np.ndarray, ...]]] = []
+
+
+def mix_times(cost: PrefillCost, mix: LengthMix, correction: float) -> tuple[np.ndarray, ...]:
+    """(lengths, weights summing to 1, alone s, busy s) of the mix's points, the times ÷ correction."""
+    for held_cost, held_mix, held_correction, result in _MIX_TIMES:
+        if held_cost is cost and held_mix == mix and held_correction == correction:
+            return result
+    points = mix.points or ((mix.mean, 1.0),)
+    lengths = np.array([length for length, _ in points])
+    weights = np.array([w for _, w in points])
+    weights = weights / weights.sum()
+    alone = np.array([cost.alone_s(length) for length in lengths]) / correction
+    busy = np.array([cost.busy_s(length) for length in lengths]) / correction
+    result = (lengths, weights, alone, busy)
+    _MIX_TIMES[:] = [(cost, mix, correction, result)]
+    return result
 
 
 def erlang_c(servers: float, offered: float) -> float:

@@ -30,6 +30,7 @@ import numpy as np
 from app.core.perf.interpolation import PerfModel
 from app.core.sla.attainment import PrefillQueue, decode_met, expected
 from app.core.sla.capacity import LengthMix, decode_concurrency, peak_concurrency
+from app.core.sla.decode_wish import DecodeTerms
 from app.core.sla.demand import busiest_rate, dispersion_index, merged_buckets, window_rates
 from app.core.sla.forecast import Forecast, LevelPoint, forecast
 from app.core.sla.settings import SlaSettings
@@ -156,15 +157,20 @@ def attainment_wishes(
     than the keep count; with what explains it (`sla.roles`)."""
     assert state.latency is not None
     share = settings.attainment_target
-    up, diag = wishes_at(_at(seen, horizons.up, share, settings), inp, state, settings, lead_s, model)
-    keep, _ = wishes_at(_at(seen, horizons.keep, share, settings), inp, state, settings, lead_s, model)
+    memo: dict[float, DecodeTerms] = {}
+    up, diag = wishes_at(
+        _at(seen, horizons.up, share, settings), inp, state, settings, lead_s, model, memo=memo
+    )
+    keep, _ = wishes_at(
+        _at(seen, horizons.keep, share, settings), inp, state, settings, lead_s, model, memo=memo
+    )
     now_demand = dataclasses.replace(
         seen,
         in_flight=peak_concurrency(
             seen.in_flight_mean, dispersion=seen.dispersion, quantile=settings.decode_peak_quantile
         ),
     )
-    now, _ = wishes_at(now_demand, inp, state, settings, lead_s, model)
+    now, _ = wishes_at(now_demand, inp, state, settings, lead_s, model, memo=memo)
     queue = (
         PrefillQueue.build(
             state.latency.prefill,

@@ -42,22 +42,9 @@ class DecodeTerms:
         return math.ceil(self.held / self.held_batch) if self.held else 0
 
 
-def decode_wish(
-    demand: Demand,
-    inp: SlaInput,
-    state: SlaState,
-    settings: SlaSettings,
-    model: PerfModel | None,
-    *,
-    draining_tokens_s: float,
-    with_held: bool,
-) -> tuple[int, dict[str, Any]]:
-    """The decode count wished for and its diagnostics (`sla.roles.decode`). `draining_tokens_s`:
-    the prompt tokens per second prefill is sized to drain from its queue; `with_held`: read the
-    engines' FPM (the requests they hold, their context and pace), else size for demand alone."""
-    terms = decode_terms(
-        demand, inp, state, settings, model, draining_tokens_s=draining_tokens_s, with_held=with_held
-    )
+def decode_wish(demand: Demand, settings: SlaSettings, terms: DecodeTerms) -> tuple[int, dict[str, Any]]:
+    """The decode count wished for at `demand` and its diagnostics (`sla.roles.decode`), from
+    decode's `terms` (`decode_terms`)."""
     arrivals = peak_concurrency(
         demand.in_flight_mean * terms.pace,
         dispersion=demand.dispersion,
@@ -84,7 +71,9 @@ def decode_terms(
     draining_tokens_s: float,
     with_held: bool,
 ) -> DecodeTerms:
-    """Decode's batch limit, pace, drained load and held floor (see `DecodeTerms`)."""
+    """Decode's batch limit, pace, drained load and held floor (see `DecodeTerms`). `draining_tokens_s`:
+    the prompt tokens per second prefill is sized to drain from its queue; `with_held`: read the
+    engines' FPM (the requests they hold, their context and pace), else size for demand alone."""
     assert state.latency is not None
     held_context = _held_context(inp) if with_held else None
     # The requests to come are sized at the context the engines held over the trend window; the

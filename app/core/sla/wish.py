@@ -13,7 +13,7 @@ from typing import Any
 from app.core.perf.interpolation import PerfModel
 from app.core.sla.backlog import backlog_growth, drainable_tokens
 from app.core.sla.capacity import PrefillSizing, prefill_engines
-from app.core.sla.decode_wish import decode_wish
+from app.core.sla.decode_wish import DecodeTerms, decode_terms, decode_wish
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState
 from app.core.sla.types import Demand, SlaInput
@@ -28,7 +28,11 @@ def wishes_at(
     lead_s: float,
     model: PerfModel | None,
     with_held: bool = True,
+    memo: dict[float, DecodeTerms] | None = None,
 ) -> tuple[dict[Role, int], dict[Role, dict[str, Any]]]:
+    """The counts `demand` needs, with their diagnostics. `memo` keeps decode's terms (batch limit,
+    pace, held floor) per drain rate between calls that differ only in the level: they do not
+    depend on it, and the batch limit's bisection is the costliest part of a tick."""
     assert state.latency is not None
     wish: dict[Role, int] = {}
     diag: dict[Role, dict[str, Any]] = {}
@@ -87,7 +91,12 @@ def wishes_at(
             "longest_servable_tokens": sizing.longest_servable_tokens,
         }
     if "decode" in settings.bounds:
-        wish["decode"], diag["decode"] = decode_wish(
-            demand, inp, state, settings, model, draining_tokens_s=draining_tokens_s, with_held=with_held
-        )
+        terms = memo.get(draining_tokens_s) if memo is not None else None
+        if terms is None:
+            terms = decode_terms(
+                demand, inp, state, settings, model, draining_tokens_s=draining_tokens_s, with_held=with_held
+            )
+            if memo is not None:
+                memo[draining_tokens_s] = terms
+        wish["decode"], diag["decode"] = decode_wish(demand, settings, terms)
     return wish, diag
