@@ -341,6 +341,7 @@ def run_command(args: Any, *, started_s: float | None = None) -> int:
             else []
         ),
         "rate_scale": config.simulation.rate_scale,
+        "rate_spread_s": config.simulation.rate_spread_s,
         "seed": config.simulation.seed,
         "profile": config.deployment.profile,
         "truth_profile": config.simulation.truth_profile or config.deployment.profile,

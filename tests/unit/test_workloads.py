@@ -287,7 +287,8 @@ def test_the_replay_takes_the_spread_from_the_flag_or_the_file(tmp_path: Path, c
 
 
 def test_a_bad_spread_in_the_replay_file_names_the_field(tmp_path: Path) -> None:
-    raw = DEFAULT_REPLAY_CONFIG.read_text().replace("simulation:\n", "simulation:\n  rate_spread_s: -1\n", 1)
+    raw = DEFAULT_REPLAY_CONFIG.read_text().replace("rate_spread_s: 0.5", "rate_spread_s: -1", 1)
+    assert "rate_spread_s: -1" in raw
     path = tmp_path / "replay.yaml"
     path.write_text(raw.replace("../data/", str(DEFAULT_REPLAY_CONFIG.parents[1] / "data") + "/"))
     with pytest.raises(
