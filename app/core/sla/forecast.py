@@ -111,8 +111,9 @@ def forecast(
         k = min(len(x), max(min_pairs, math.ceil(neighbour_share * len(x))))
         scale = max(_SCALE_SHARE * top_tokens, 1e-9)
         distance = np.abs(np.arcsinh(x[:, 0] / scale) - math.asinh(now.tokens_s / scale))
-        # Ties (a long silence: every pair at zero) go to the most recent pairs.
-        order = np.lexsort((-np.arange(len(x)), distance))[:k]
+        # Pairs as near as the k-th are all neighbours: in a silence every silent tick of the
+        # history is, and what followed each of them, not only the latest ones, is the outlook.
+        order = np.flatnonzero(distance <= np.partition(distance, k - 1)[k - 1])
         tokens = list(now.tokens_s + (y[order, 0] - x[order, 0]))
         flight = list(now.flight + (y[order, 1] - x[order, 1]))
     pairs = len(tokens)
