@@ -43,7 +43,7 @@ engine; the same for every policy of a cell).
 
     .venv/bin/python bench/replay_quality.py [--quick] [--workloads a,b | --half train|test]
         [--worlds a,b] [--delays 30,120] [--policies planner] [--scaling FIELD=VALUE ...]
-        [--workers 2] [--out FILE]
+        [--attainment-target SHARE] [--workers 2] [--out FILE]
 
 The default is the whole matrix: 12 workloads x 6 worlds x 3 delays = 216 cells of 5 replays and
 a fixed sweep.
@@ -184,6 +184,7 @@ def run_cell(
     policies: tuple[str, ...] = POLICIES,
     scaling: ScalingConfig | None = None,
     truth: str | None = None,
+    attainment_target: float | None = None,
 ) -> list[dict]:
     """Every policy of `policies` on one workload, world and start-up delay; one row each."""
     world_overrides: dict[str, Any] = {"startup_delay_s": delay_s, "truth_scale": truth_scale}
@@ -193,6 +194,9 @@ def run_cell(
     if scaling is not None:
         deployment = config.deployment.model_copy(update={"scaling": scaling})
         config = dataclasses.replace(config, deployment=deployment)
+    if attainment_target is not None:
+        sla = config.deployment.sla.model_copy(update={"attainment_target": attainment_target})
+        config = dataclasses.replace(config, deployment=config.deployment.model_copy(update={"sla": sla}))
     started, cpu_started = time.perf_counter(), time.process_time()
     requests = workload(name)
     built = time.perf_counter()
@@ -285,10 +289,12 @@ def matrix_cells(workloads: Iterable[str], worlds: Iterable[str], delays_s: Iter
     return [(w, world, d) for w in workloads for world in worlds for d in delays_s]
 
 
-def _run_matrix_cell(cell: Cell, policies: tuple[str, ...], scaling: ScalingConfig | None) -> list[dict]:
+def _run_matrix_cell(
+    cell: Cell, policies: tuple[str, ...], scaling: ScalingConfig | None, attainment_target: float | None
+) -> list[dict]:
     name, world, delay_s = cell
     truth, truth_scale = WORLDS[world]
-    return run_cell(name, delay_s, truth_scale, policies, scaling, truth)
+    return run_cell(name, delay_s, truth_scale, policies, scaling, truth, attainment_target)
 
 
 # --- the report -----------------------------------------------------------------------------------
@@ -443,8 +449,16 @@ def main() -> int:
     parser.add_argument(
         "--scaling", action="append", default=[], metavar="FIELD=VALUE", help="override a scaling: field"
     )
+    parser.add_argument(
+        "--attainment-target",
+        type=float,
+        metavar="SHARE",
+        help="the deployment's sla.attainment_target (attainment sizing), in (0, 1)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "replay_quality.json")
     args = parser.parse_args()
+    if args.attainment_target is not None and not 0 < args.attainment_target < 1:
+        raise SystemExit(f"--attainment-target: expected a share in (0, 1), got {args.attainment_target}")
     policies = parse_names(args.policies, POLICIES, "--policies")
     if args.workloads:
         workloads = parse_names(args.workloads, MATRIX_WORKLOADS, "--workloads")
@@ -466,7 +480,10 @@ def main() -> int:
     partial.parent.mkdir(parents=True, exist_ok=True)
     partial.write_text("")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = {pool.submit(_run_matrix_cell, cell, policies, scaling): cell for cell in order}
+        futures = {
+            pool.submit(_run_matrix_cell, cell, policies, scaling, args.attainment_target): cell
+            for cell in order
+        }
         for done, future in enumerate(as_completed(futures), start=1):
             cell = futures[future]
             results[cell] = future.result()
@@ -508,6 +525,7 @@ def main() -> int:
         "wall_s": wall_s,
         "workers": args.workers,
         "scaling": args.scaling,
+        "attainment_target": args.attainment_target,
         "workloads": list(workloads),
         "worlds": list(worlds),
         "delays_s": list(delays),
