@@ -273,6 +273,14 @@ class SlaRole(Record):
     held_batch_limit: Num = None  # the batch at the held requests' own context
     floor_scale: Num = None  # the batch-weighted measured/profile decode time the floor scales by
     pace: Num = None  # Little's law's ITL over the target: 1, or a KV- or max_num_seqs-bound full engine's
+    # attainment sizing (app/core/sla/decide.py)
+    up: Num = None  # the count for the scenarios a lead ahead
+    keep: Num = None  # the count for the scenarios from now to a lead ahead
+    keep_held: Flag = None  # the keep horizon leans on the forecast's prior: nothing lowered
+    needed_now: Num = None  # the count for the level now alone
+    attainment: Num = None  # expected attainment of the count over the up scenarios (queue model)
+    attainment_one_fewer: Num = None  # ... of one engine fewer
+    gpus_one_more: Num = None  # GPUs one more engine takes
 
 
 class LatencyModel(Record):
@@ -317,6 +325,25 @@ class ScaleToZeroDiagnostics(Record):
     inflight_requests: Num = None
 
 
+class ForecastHorizon(Record):
+    """One horizon's demand scenarios (app/core/sla/forecast.py), as quantiles."""
+
+    q: list[float] | None = None  # the quantiles reported
+    tokens_s: list[float] | None = None  # prompt tokens per second at each
+    flight: list[float] | None = None  # requests in decode at the ITL target at each
+    pairs: Num = None  # history pairs the scenarios rest on
+    prior: Num = None  # scenarios from the prior (too few pairs yet)
+
+
+class SlaForecast(Record):
+    """Attainment sizing's forecast: both horizons and the target it sizes for."""
+
+    horizon_s: Num = None
+    attainment_target: Num = None
+    up: _section(ForecastHorizon) = None
+    keep: _section(ForecastHorizon) = None
+
+
 class SlaDiagnostics(Record):
     reason: Text = None
     detail: Text = None
@@ -333,6 +360,7 @@ class SlaDiagnostics(Record):
     capacity_check: _section(CapacityCheck) = None
     quiet: _section(QuietPeriod) = None
     zero: _section(ScaleToZeroDiagnostics) = None
+    forecast: _section(SlaForecast) = None  # attainment sizing only
 
 
 # --- the tick ------------------------------------------------------------------------------------

@@ -379,3 +379,21 @@ def test_a_prompt_no_count_serves_does_not_drive_the_count_to_the_maximum(h200: 
     assert prefill["unservable_share"] > 0.5
     assert prefill["meets_target"]
     assert ticks[-1][2]["prefill"] <= 10
+
+
+def test_the_tick_record_reads_back_typed(h200: PerfModel) -> None:
+    # The diagnostics the dashboard and reports read (app/core/diagnostics.py) know the forecast
+    # and the attainment fields: what is sent is what is documented.
+    from app.core.diagnostics import SlaDiagnostics
+
+    ticks = run(h200, Scenario("steady", [300.0] * 40, "a steady level"))
+    result = ticks[-1][1]
+    record = SlaDiagnostics.model_validate({"reason": str(result.reason), **result.diagnostics})
+    assert record.forecast is not None and record.forecast.up is not None
+    assert record.forecast.up.pairs == result.diagnostics["forecast"]["up"]["pairs"]
+    prefill = record.roles["prefill"]
+    assert prefill.attainment == result.diagnostics["roles"]["prefill"]["attainment"]
+    assert prefill.up == result.diagnostics["roles"]["prefill"]["up"]
+    for role, section in record.roles.items():
+        assert not section.model_extra, f"{role}: undocumented fields {sorted(section.model_extra)}"
+    assert not record.forecast.model_extra
