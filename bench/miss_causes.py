@@ -173,7 +173,7 @@ def _ratio(value: float | None) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    from bench.replay_quality import goal_summary
+    from bench.matrix_report import goal_summary
 
     path = Path(argv[0]) if argv else ROOT / "bench" / "results" / "replay_quality.json"
     if not path.exists():
