@@ -397,3 +397,24 @@ def test_the_tick_record_reads_back_typed(h200: PerfModel) -> None:
     for role, section in record.roles.items():
         assert not section.model_extra, f"{role}: undocumented fields {sorted(section.model_extra)}"
     assert not record.forecast.model_extra
+
+
+def test_scale_to_zero_sleeps_after_a_quiet_period_and_wakes_on_a_request(h200: PerfModel) -> None:
+    # With scale to zero, attainment sizing's keep horizon says whether a return within a lead is
+    # likely; after one burst and minutes of silence none is, and the deployment sleeps.
+    from app.core.sla.settings import ScaleToZero
+
+    rates = [200.0] * 12 + [0.0] * 60 + [5.0] * 3
+    ticks = run(
+        h200,
+        Scenario("burst, silence, a request", rates, "the quiet period is the stabilisation"),
+        bounds={"prefill": RoleBounds(0, 32), "decode": RoleBounds(0, 32)},
+        scale_to_zero=ScaleToZero(enabled=True, quiet_s=120.0),
+    )
+    reasons = [r.reason for _, r, _ in ticks]
+    asleep_at = reasons.index(SlaReason.SCALED_TO_ZERO)
+    assert ticks[asleep_at][2] == {"prefill": 0, "decode": 0}
+    # The last request arrived in tick 11: not before quiet_s (24 ticks) after it.
+    assert 11 + 120 / TICK_S <= asleep_at < 72
+    assert SlaReason.WAKE_UP in reasons[72:]
+    assert all(c["prefill"] >= 1 for _, _, c in ticks[72:])

@@ -201,7 +201,7 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         # fallen quiet; until then the trend window still holds the last burst, and says nothing.
         if by_attainment:
             # The keep horizon's scenarios hold what a return within a lead needs.
-            return_likely = any(role_diag[r]["keep"]["engines"] > 0 for r in role_diag)
+            return_likely = any(role_diag[r]["keep"] > 0 for r in role_diag)
         elif kept is not None:
             return_likely = bool(kept["keep"])
         else:
