@@ -4,7 +4,6 @@ on small named scenarios (app/core/sla/decide.py through `sla_step`)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 
 from app.core.perf.interpolation import PerfModel
-from app.core.sla.attainment import PrefillQueue, cheapest, decode_met, expected, role_target
+from app.core.sla.attainment import PrefillQueue, decode_met, expected
 from app.core.sla.capacity import LengthMix
 from app.core.sla.forecast import LevelPoint, forecast, horizon_peaks
 from app.core.sla.latency import prior_models
@@ -177,43 +176,6 @@ def test_horizon_peaks_are_unknown_until_the_horizon_has_passed() -> None:
 # --- the share a count serves ----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class CheapestCase:
-    name: str
-    curve: list[float]  # attainment at 0, 1, 2, ... engines
-    target: float
-    engines: int
-    meets: bool
-    why: str
-
-
-CHEAPEST_CASES = [
-    CheapestCase(
-        "first meeting count", [0.0, 0.5, 0.98, 0.996, 1.0], 0.995, 3, True, "the fewest at or above"
-    ),
-    CheapestCase(
-        "exactly at target", [0.0, 0.995, 1.0], 0.995, 1, True, "at the target counts as meeting it"
-    ),
-    CheapestCase(
-        "none meets: the fewest near the best",
-        [0.0, 0.80, 0.855, 0.859, 0.86, 0.86],
-        0.99,
-        2,
-        False,
-        "where no count meets the target (prompts no count serves), the fewest within one allowance "
-        "(1 - target) of the best: more engines would buy almost nothing",
-    ),
-]
-
-
-@pytest.mark.parametrize("case", CHEAPEST_CASES, ids=lambda c: c.name)
-def test_cheapest_count(case: CheapestCase) -> None:
-    choice = cheapest(lambda n: case.curve[n], case.target, 0, len(case.curve) - 1)
-    assert (choice.engines, choice.meets_target) == (case.engines, case.meets), case.why
-    assert choice.attainment == case.curve[case.engines]
-    assert choice.attainment_fewer == (case.curve[case.engines - 1] if case.engines else None)
-
-
 def test_prefill_share_met_grows_with_the_count_and_falls_with_the_load(h200: PerfModel) -> None:
     cost = prior_models(h200, chunk_tokens=8192, prior_records=10, caution_z=2, half_life_s=900).prefill
     queue = PrefillQueue.build(
@@ -247,7 +209,6 @@ def test_decode_share_met_is_the_chance_the_count_fits() -> None:
 def test_expected_weighs_scenarios_by_the_requests_they_bring() -> None:
     # A quiet scenario met in full and a busy one at half: the busy one brings 9 of 10 requests.
     assert expected(np.array([1.0, 0.5]), np.array([10.0, 90.0])) == pytest.approx(0.55)
-    assert role_target(0.99) == pytest.approx(math.sqrt(0.99))
 
 
 # --- the decision, tick by tick ------------------------------------------------------------------

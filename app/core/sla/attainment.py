@@ -1,5 +1,6 @@
-"""The share of requests a count serves within target, and the cheapest count whose expected share
-over a forecast's scenarios meets the deployment's `attainment_target` (app/core/sla/forecast.py).
+"""The share of requests a count serves within target, per demand scenario, and its expected value
+over a forecast's scenarios: the explanation attainment sizing (app/core/sla/decide.py) reports
+for the count it chose and for one fewer.
 
 - **Prefill** (`PrefillQueue`): the M/G/c queue of app/core/sla/capacity.py at one length mix,
   asked per count and per demand: of the servable prompts, the share whose wait plus their own
@@ -8,15 +9,12 @@ over a forecast's scenarios meets the deployment's `attainment_target` (app/core
 - **Decode** (`decode_met`): the requests in decode are an M^X/G/∞ count with mean `m` and
   variance `m × dispersion`; the engines meet the ITL target while that count is within
   `engines × batch limit`, so the share met is the normal probability of that.
-- **Expected attainment**: `A(n) = Σ_i d_i · a(n, d_i) / Σ_i d_i` over equally likely scenarios
-  `d_i`, each weighted by the requests it brings. A request meets both targets, so each role is
-  sized for the square root of the deployment's target (0.99 → 0.995 per role).
+- **Expected attainment** (`expected`): `A(n) = Σ_i d_i · a(n, d_i) / Σ_i d_i` over equally likely
+  scenarios `d_i`, each weighted by the requests it brings.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,11 +22,6 @@ from scipy import special, stats
 
 from app.core.sla.capacity import LengthMix, mix_times
 from app.core.sla.latency import PrefillCost
-
-
-def role_target(attainment_target: float) -> float:
-    """Each role's share of the deployment's target: both must be met, so their product is."""
-    return math.sqrt(attainment_target)
 
 
 def erlang_c_many(servers: np.ndarray, offered: np.ndarray) -> np.ndarray:
@@ -145,42 +138,3 @@ def expected(met: np.ndarray, demand: np.ndarray) -> float:
     """The request-weighted mean of `met` over the scenarios (1 when none brings a request)."""
     total = float(demand.sum())
     return float(met @ demand) / total if total > 0 else 1.0
-
-
-@dataclass(frozen=True)
-class CountChoice:
-    """The count chosen for one role and what explains it."""
-
-    engines: int
-    attainment: float  # expected, over the scenarios, at that count
-    attainment_fewer: float | None  # ... at one fewer (None: at the least count already)
-    meets_target: bool  # False: no count within the bounds meets it (the count: the fewest near the best)
-
-
-def cheapest(attainment_at: Callable[[int], float], target: float, low: int, high: int) -> CountChoice:
-    """The fewest engines in [low, high] whose expected attainment meets `target` (attainment
-    grows with the count: bisection). Where none does, the fewest within one allowance (1 − target)
-    of what `high` engines reach: where more engines barely help (prompts near the longest
-    servable), more are not bought."""
-    low = max(low, 0)
-    high = max(high, low)
-    cache: dict[int, float] = {}
-
-    def a(n: int) -> float:
-        if n not in cache:
-            cache[n] = attainment_at(n)
-        return cache[n]
-
-    goal = target
-    meets = a(high) >= target
-    if not meets:
-        goal = a(high) - (1.0 - target)
-    lo, hi = low, high  # hi meets the goal
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if a(mid) >= goal:
-            hi = mid
-        else:
-            lo = mid + 1
-    fewer = a(lo - 1) if lo > low else None
-    return CountChoice(lo, a(lo), fewer, meets)
