@@ -39,7 +39,6 @@ Run alone, this prints the frontier columns again from a saved matrix:
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -430,15 +429,11 @@ def format_fixed_summary(summary: Mapping[str, list[str]], low_attainment: float
 
 
 def main(argv: Sequence[str]) -> int:
-    path = Path(argv[0]) if argv else ROOT / "bench" / "results" / "replay_quality.json"
-    if not path.exists():
-        print(f"no matrix results at {path}: run bench/replay_quality.py first")
-        return 0
-    try:
-        rows = json.loads(path.read_text())["rows"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"{path}: not a bench/replay_quality.py result ({exc})", file=sys.stderr)
-        return 2
+    from bench.miss_causes import saved_rows
+
+    path, rows, status = saved_rows(argv)
+    if rows is None:
+        return status
     lines = ["| cell | planner | " + " | ".join(FRONTIER_COLUMNS) + " |", "|---|---|---|---|---|"]
     for (name, world, delay_s), by_policy in by_cell(rows).items():
         if not any(is_fixed(r) for r in by_policy.values()):

@@ -172,18 +172,27 @@ def _ratio(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
 
 
-def main(argv: Sequence[str]) -> int:
-    from bench.matrix_report import goal_summary
-
+def saved_rows(argv: Sequence[str]) -> tuple[Path, list[dict] | None, int]:
+    """A saved matrix's rows (the path in `argv`, else bench/replay_quality.py's default), or None
+    with the exit status to end on: 0 when there is none yet, 2 when the file is not one (both
+    said in one line)."""
     path = Path(argv[0]) if argv else ROOT / "bench" / "results" / "replay_quality.json"
     if not path.exists():
         print(f"no matrix results at {path}: run bench/replay_quality.py first")
-        return 0
+        return path, None, 0
     try:
-        rows = json.loads(path.read_text())["rows"]
+        return path, json.loads(path.read_text())["rows"], 0
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"{path}: not a bench/replay_quality.py result ({exc})", file=sys.stderr)
-        return 2
+        return path, None, 2
+
+
+def main(argv: Sequence[str]) -> int:
+    from bench.matrix_report import goal_summary
+
+    path, rows, status = saved_rows(argv)
+    if rows is None:
+        return status
     missed = goal_summary(rows)["missed"]
     print(f"{len(missed)} planner cells miss the goal in {path}:\n")
     print(format_why(rows, missed))
