@@ -56,7 +56,10 @@ class TickInput:
     # The targets the embedder is moving towards (its last applied target). The planner moves from
     # its own last decision, as the service does; this is kept for the embedders that send it.
     expected: Mapping[str, int]
-    fpm: Mapping[str, FpmByEngine] = field(default_factory=dict)  # role -> latest record per engine
+    # role -> latest record per engine. A busy record still there, unchanged, at the next tick is
+    # the last pass of an engine that has run none since (Dynamo's replay adapter keeps it until a
+    # newer one arrives): the planner reads that engine as idle, not as still carrying that load.
+    fpm: Mapping[str, FpmByEngine] = field(default_factory=dict)
     # role -> every forward pass since the previous tick, oldest first, for the roles the embedder
     # records them for: the planner learns from all of them and reads the engines' busy time.
     # Roles left out learn from the latest records only.
@@ -83,6 +86,7 @@ class EmbeddedPlanner:
         self._next_id = 1
         self._traffic: TrafficWindow | None = None  # windows merged since the last throughput tick
         self._trained: dict[tuple[str, str, int], ForwardPassMetrics] = {}
+        self._previous: dict[tuple[str, str, int], ForwardPassMetrics] = {}
 
     @classmethod
     def from_config(
@@ -111,6 +115,8 @@ class EmbeddedPlanner:
             traffic, self._traffic = self._traffic, None
         fpm = {role: inp.fpm.get(role, {}) for role in roles} if needs.fpm else {}
         fresh = self._fresh(fpm) if self.planner.settings.load is not None else {}
+        current = self._current(inp.fpm)
+        fpm = {role: current.get(role, {}) for role in roles} if needs.fpm else {}
         complete = {}
         if needs.fpm:
             for role, records in inp.fpm_records.items():
@@ -130,7 +136,7 @@ class EmbeddedPlanner:
         )
         self.planner.commit(effects)
         diagnostics = effects.diagnostics.model_copy(
-            update={"at": (_ORIGIN + timedelta(seconds=inp.now_s)).isoformat(), "fpm": _fpm_summary(inp.fpm)}
+            update={"at": (_ORIGIN + timedelta(seconds=inp.now_s)).isoformat(), "fpm": _fpm_summary(current)}
         )
         target = None
         if effects.target is not None and effects.source is not None:
@@ -184,6 +190,24 @@ class EmbeddedPlanner:
                     self._trained[key] = record
                     fresh.setdefault(role, []).append(record)
         return fresh
+
+    def _current(self, fpm: Mapping[str, FpmByEngine]) -> dict[str, dict[EngineKey, ForwardPassMetrics]]:
+        """The engines' load now: a busy record equal to the one the previous tick saw for that
+        engine is an engine that has run no pass since, read as its idle heartbeat."""
+        previous, self._previous = self._previous, {}
+        current: dict[str, dict[EngineKey, ForwardPassMetrics]] = {}
+        for role, records in fpm.items():
+            view: dict[EngineKey, ForwardPassMetrics] = {}
+            for (worker, rank), record in records.items():
+                self._previous[(role, worker, rank)] = record
+                stale = not record.is_heartbeat and previous.get((role, worker, rank)) == record
+                view[(worker, rank)] = _idle(record) if stale else record
+            current[role] = view
+        return current
+
+
+def _idle(record: ForwardPassMetrics) -> ForwardPassMetrics:
+    return ForwardPassMetrics(worker_id=record.worker_id, dp_rank=record.dp_rank, wall_time_s=0.0)
 
 
 def _fpm_summary(fpm: Mapping[str, FpmByEngine]) -> dict[str, Any]:

@@ -21,8 +21,11 @@ Translation choices, each what the live system would show the planner:
 - `fpm`: the last record seen per engine (as Dynamo's own replay adapter keeps it), limited to
   the engines that are active; an active engine that ran no forward pass since the previous tick
   is reported by an idle heartbeat (all zeros, `wall_time_s == 0`), as a live engine's idle
-  heartbeat would replace its last busy record. A record is the same object until a newer one
-  arrives, so the planner trains its regressions on each record once.
+  heartbeat would replace its last busy record. With `heartbeats=False` the last record is kept
+  until a newer one arrives, exactly as Dynamo's adapter presents it: the planner itself reads a
+  record unchanged since its previous tick as an idle engine (`app/embedding.py`). A record is
+  the same object until a newer one arrives, so the planner trains its regressions on each
+  record once.
 - `ready`: the active workers per pool (starting ones do not serve yet, draining ones are on
   their way out); `expected`: the non-draining workers (active + starting).
 """
@@ -107,10 +110,12 @@ def traffic_from_snapshot(traffic: Mapping[str, Any] | None) -> TrafficWindow | 
 
 
 class FpmCache:
-    """The latest record per (worker_id, dp_rank) of one pool, for the active workers only."""
+    """The latest record per (worker_id, dp_rank) of one pool, for the active workers only; with
+    `heartbeats`, an engine without a record since the previous tick reads as an idle heartbeat."""
 
-    def __init__(self) -> None:
+    def __init__(self, heartbeats: bool = True) -> None:
         self.records: dict[tuple[str, int], ForwardPassMetrics] = {}
+        self.heartbeats = heartbeats
 
     def update(
         self, snapshots: Iterable[Mapping[str, Any]], active_ids: Iterable[int | str]
@@ -125,7 +130,7 @@ class FpmCache:
         for key in list(self.records):
             if key[0] not in active:
                 del self.records[key]
-            elif key not in fresh and not self.records[key].is_heartbeat:
+            elif self.heartbeats and key not in fresh and not self.records[key].is_heartbeat:
                 # No forward pass since the previous tick: the engine is idle.
                 self.records[key] = idle_heartbeat(*key)
         known = {key[0] for key in self.records}

@@ -5,6 +5,7 @@ Runs under the Dynamo venv (`make dynamo-venv` makes it):
 
     .venv-dynamo/bin/python bench/dynamo_replay.py [--quick | --minutes N]
         [--workloads a,b] [--policies planner,dynamo,fixed[,first-order]] [--orders 8/4,...]
+        [--sizing headroom|attainment] [--start 2/1] [--fpm heartbeat|last-record]
         [--jobs 2] [--out FILE]
 
 Without Dynamo importable (the project venv, as `make bench` runs every bench/*.py) it prints one
@@ -35,7 +36,9 @@ Dynamo's router (round-robin or KV-aware). Every policy runs on that same world:
   the fixed allocations' head start decides the row); shown like `fixed`.
 
 `planner` and `dynamo` start from the same engines: the profile's sizing for the trace's first
-five minutes. Score: SLO attainment = requests with TTFT and mean ITL both within the targets
+five minutes, or `--start`'s. `--fpm last-record` hands our planner each engine's last FPM
+record until a newer one arrives, as Dynamo's own replay adapter hands its planner (the default
+replaces it by an idle heartbeat once the engine has run no pass since the last tick). Score: SLO attainment = requests with TTFT and mean ITL both within the targets
 (Dynamo's goodput count) over all requests; GPU-hours as Dynamo's replay bills them (each worker
 from its order until it is removed, start-up and draining included).
 """
@@ -171,9 +174,11 @@ def write_trace(requests: Sequence, hash_ids: Sequence[list[int]] | None, path: 
 # --- our side: the deployment and the profile's sizing ------------------------------------------
 
 
-def deployment_for(workload: Workload, decode_max_num_seqs: int | None = None):
+def deployment_for(
+    workload: Workload, decode_max_num_seqs: int | None = None, sizing: str | None = None
+):
     """examples/replay.yaml's deployment with the workload's targets (and, if given, the decode
-    engines' batch limit; the file sets none)."""
+    engines' batch limit, which the file leaves unset, and SLA scaling's `sizing`)."""
     from app.sim.config import load_replay_config, with_overrides
 
     config = with_overrides(
@@ -182,6 +187,8 @@ def deployment_for(workload: Workload, decode_max_num_seqs: int | None = None):
     d = config.deployment
     if decode_max_num_seqs is not None:
         d = d.model_copy(update={"decode": d.decode.model_copy(update={"max_num_seqs": decode_max_num_seqs})})
+    if sizing is not None:
+        d = d.model_copy(update={"scaling": d.scaling.model_copy(update={"sizing": sizing})})
     return config, d
 
 
@@ -220,6 +227,10 @@ class RunSpec:
     gpu_budget: int = 64
     label: str = ""
     planner_max_num_seqs: int | None = None  # tell our planner the decode batch limit
+    planner_sizing: str | None = None  # our planner's scaling.sizing (None: the file's)
+    # False: each engine's last FPM record stays until a newer one arrives, as Dynamo's own
+    # replay adapter presents it; True: an engine without a pass since the last tick is idle.
+    fpm_heartbeats: bool = True
     order: tuple[int, int] | None = None  # first-order: the (prefill, decode) ordered at once
 
 
@@ -381,7 +392,7 @@ def run_one(spec: RunSpec) -> RunResult:
 
     logging.disable(logging.WARNING)
     from dynamo._core import run_mocker_trace_replay
-    from dynamo_adapter import PlannerScalingPolicy
+    from dynamo_adapter import FpmCache, PlannerScalingPolicy
 
     workload = WORKLOADS[spec.workload]
     kwargs = dict(
@@ -404,8 +415,11 @@ def run_one(spec: RunSpec) -> RunResult:
         if spec.policy == "planner":
             from app.embedding import EmbeddedPlanner
 
-            config, d = deployment_for(workload, spec.planner_max_num_seqs)
-            inner: Any = PlannerScalingPolicy(EmbeddedPlanner.from_config(d, base_dir=config.base_dir))
+            config, d = deployment_for(workload, spec.planner_max_num_seqs, spec.planner_sizing)
+            inner: Any = PlannerScalingPolicy(
+                EmbeddedPlanner.from_config(d, base_dir=config.base_dir),
+                caches={role: FpmCache(heartbeats=spec.fpm_heartbeats) for role in ("prefill", "decode")},
+            )
         else:
             assert spec.order is not None
             inner = FirstOrder(*spec.order)
@@ -492,13 +506,13 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def parse_orders(text: str) -> list[tuple[int, int]]:
+def parse_orders(text: str, flag: str = "--orders") -> list[tuple[int, int]]:
     """`8/4,32/32` as [(8, 4), (32, 32)]; SystemExit naming the flag otherwise."""
     orders = []
     for item in (t.strip() for t in text.split(",")):
         p, sep, d = item.partition("/")
         if not (sep and p.isdigit() and d.isdigit() and int(p) > 0 and int(d) > 0):
-            raise SystemExit(f"--orders: expected PREFILL/DECODE counts like 8/4, got {item!r}")
+            raise SystemExit(f"{flag}: expected PREFILL/DECODE counts like 8/4, got {item!r}")
         orders.append((int(p), int(d)))
     return orders
 
@@ -525,6 +539,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help=f"our planner's decode.max_num_seqs (the world's: {MAX_NUM_SEQS}; default: none)",
     )
+    parser.add_argument(
+        "--sizing",
+        choices=("headroom", "attainment"),
+        default=None,
+        help="our planner's scaling.sizing (default: examples/replay.yaml's)",
+    )
+    parser.add_argument(
+        "--start",
+        default=None,
+        help="PREFILL/DECODE engines planner, dynamo and first-order start from (default: the "
+        "profile's sizing for the first five minutes)",
+    )
+    parser.add_argument(
+        "--fpm",
+        choices=("heartbeat", "last-record"),
+        default="heartbeat",
+        help="how our planner sees an engine without a pass since the last tick: an idle heartbeat, "
+        "or its last record kept (as Dynamo's own replay adapter presents it)",
+    )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results")
     return parser.parse_args(argv)
 
@@ -547,6 +580,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise SystemExit(f"--policies: unknown {name!r} (have: {', '.join(POLICIES)})")
     minutes = args.minutes if args.minutes is not None else (QUICK_MINUTES if args.quick else None)
     orders = parse_orders(args.orders) if args.orders else None
+    starts = parse_orders(args.start, "--start") if args.start else None
+    if starts is not None and len(starts) != 1:
+        raise SystemExit("--start: one PREFILL/DECODE count, like 2/1")
+    start = starts[0] if starts else None
     if orders and "first-order" not in policies:
         raise SystemExit("--orders: only first-order uses it; add first-order to --policies")
 
@@ -573,7 +610,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             trace_path = tmp_dir / f"{name}.jsonl"
             write_trace(requests, hash_ids, trace_path)
             peak = profile_sizing(requests, w)
-            initial = profile_sizing([r for r in requests if r.arrival_s < 300.0], w)
+            initial = (
+                {"prefill": start[0], "decode": start[1]}
+                if start
+                else profile_sizing([r for r in requests if r.arrival_s < 300.0], w)
+            )
             grid = fixed_grid(peak)
             meta[name] = {
                 **asdict(w),
@@ -599,6 +640,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 startup_s=120.0,
                 gpu_budget=budget,
                 planner_max_num_seqs=args.planner_max_num_seqs,
+                planner_sizing=args.sizing,
+                fpm_heartbeats=args.fpm == "heartbeat",
             )
             for policy in policies:
                 if policy == "fixed":

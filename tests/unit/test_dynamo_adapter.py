@@ -171,6 +171,15 @@ def test_fpm_cache_keeps_identity_until_a_new_record_and_reports_idle_engines():
     assert ("5", 0) not in cache.update([fpm_snap(5)], [0, 2])
 
 
+def test_fpm_cache_without_heartbeats_keeps_the_last_record_as_dynamos_adapter_does():
+    cache = da.FpmCache(heartbeats=False)
+    first = cache.update([fpm_snap(0)], [0, 1])
+    assert first[("1", 0)].is_heartbeat  # an active engine that never ran a pass
+    # No pass since: the last record stays, the same object (the planner reads it as idle).
+    second = cache.update([], [0, 1])
+    assert second[("0", 0)] is first[("0", 0)] and not second[("0", 0)].is_heartbeat
+
+
 def test_tick_input_from_a_snapshot():
     caches = {role: da.FpmCache() for role in da.ROLES}
     inp = da.tick_input(snapshot(), caches)

@@ -37,3 +37,23 @@ def test_orders_parse_prefill_slash_decode_pairs() -> None:
 def test_a_bad_order_is_a_one_line_error_naming_the_flag(text: str) -> None:
     with pytest.raises(SystemExit, match=r"^--orders: expected PREFILL/DECODE counts like 8/4, got '"):
         dr.parse_orders(text)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--start", "2-1"], "--start: expected PREFILL/DECODE counts like 8/4, got '2-1'"),
+        (["--start", "2/1,3/2"], "--start: one PREFILL/DECODE count, like 2/1"),
+    ],
+)
+def test_a_bad_start_is_a_one_line_error_naming_the_flag(argv: list[str], message: str, monkeypatch) -> None:
+    monkeypatch.setattr(dr, "dynamo_available", lambda: True)
+    with pytest.raises(SystemExit, match=f"^{message}$"):
+        dr.main(argv)
+
+
+def test_the_planners_sizing_flag_reaches_its_deployment() -> None:
+    workload = dr.WORKLOADS["azure-conv-x10-rr"]
+    _, default = dr.deployment_for(workload)
+    _, chosen = dr.deployment_for(workload, sizing="attainment")
+    assert default.scaling.sizing == "headroom" and chosen.scaling.sizing == "attainment"

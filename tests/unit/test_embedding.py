@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.config import DeploymentsFile
+from app.core.perf.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics
 from app.core.seed.replicas import plan_replicas
 from app.embedding import EmbeddedPlanner, TickInput, TrafficWindow
 from tests.support import demo_config
@@ -125,3 +126,42 @@ def test_partial_ready_counts_do_not_acknowledge(ready) -> None:
     first = _tick(planner, 1060.0, _window(1200), {"prefill": 1, "decode": 1})
     held = _tick(planner, 1120.0, _window(2400), {**ready, "prefill": first.target["prefill"]})
     assert held.target is None
+
+
+def _busy(worker: str, queued_tokens: int, wall_time_s: float = 0.05) -> ForwardPassMetrics:
+    return ForwardPassMetrics(
+        worker_id=worker,
+        dp_rank=0,
+        wall_time_s=wall_time_s,
+        scheduled=ScheduledRequestMetrics(num_prefill_requests=1, sum_prefill_tokens=4096),
+        queued=QueuedRequestMetrics(num_prefill_requests=3, sum_prefill_tokens=queued_tokens),
+    )
+
+
+def test_a_busy_record_unchanged_since_the_previous_tick_reads_as_an_idle_engine() -> None:
+    # Dynamo's replay adapter keeps an engine's last record until a newer one arrives: a record
+    # seen again at the next tick is an engine that has run no pass since, not a queue still there.
+    planner = _planner()
+    ready = {"prefill": 1, "decode": 1}
+
+    def queued_read(now_s: float, record: ForwardPassMetrics) -> int:
+        out = planner.on_tick(
+            TickInput(
+                now_s=now_s,
+                traffic=_window(600),
+                ready=ready,
+                expected=ready,
+                fpm={"prefill": {("p0", 0): record}},
+            )
+        )
+        return out.diagnostics["fpm"]["prefill"]["queued_prefill_tokens"]
+
+    record = _busy("p0", 50_000)
+    cases = [  # (record handed over, queued prefill tokens the planner reads, why)
+        (record, 50_000, "first seen: the engine's load now"),
+        (record, 0, "the same record again: the engine has run no pass since"),
+        (_busy("p0", 50_000), 0, "an equal record rebuilt by the embedder is still no new pass"),
+        (_busy("p0", 20_000, 0.04), 20_000, "a new pass: read as it is"),
+    ]
+    for i, (given, expected, why) in enumerate(cases):
+        assert queued_read(1060.0 + 60.0 * i, given) == expected, why
