@@ -21,6 +21,7 @@ the up scenarios (app/core/sla/attainment.py's queue model).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -143,6 +144,28 @@ def _expected(
     return None
 
 
+def _fewest(
+    role: Role,
+    sized: int,
+    f: Forecast,
+    *,
+    floor: int,
+    share: float,
+    role_diag: dict[str, Any],
+    seen: Demand,
+    queue: PrefillQueue | None,
+) -> int:
+    """From the count sized at the scenarios' quantile, the fewest engines whose expected attainment
+    over the scenarios still meets `share`: the quantile's count meets the targets in the scenarios
+    it covers, and fewer engines may still meet them in enough of the requests."""
+    engines = sized
+    while (
+        engines > max(floor, 1) and (_expected(role, engines - 1, f, role_diag, seen, queue) or 0.0) >= share
+    ):
+        engines -= 1
+    return engines
+
+
 def attainment_wishes(
     seen: Demand,
     horizons: Horizons,
@@ -186,9 +209,20 @@ def attainment_wishes(
     wish: dict[Role, int] = {}
     for role, bounds in settings.bounds.items():
         current = inp.expected.get(role, inp.ready.get(role, 0))
+
+        fewest = functools.partial(
+            _fewest,
+            role,
+            floor=bounds.min_replicas,
+            share=share,
+            role_diag=diag[role],
+            seen=seen,
+            queue=queue,
+        )
+        up[role] = fewest(up[role], horizons.up)
         # Until the keep horizon rests on the traffic's own pairs alone, nothing says what a lead
         # brings back: nothing is released.
-        kept = current if horizons.keep.prior else keep[role]
+        kept = current if horizons.keep.prior else fewest(keep[role], horizons.keep)
         wish[role] = bounds.clamp(max(up[role], min(current, kept)))
         chosen = wish[role]
         diag[role].update(
@@ -196,7 +230,7 @@ def attainment_wishes(
             needed=max(up[role], min(current, kept)),
             needed_now=now[role],
             up=up[role],
-            keep=keep[role],
+            keep=kept,
             keep_held=bool(horizons.keep.prior),
             attainment=_round(_expected(role, chosen, horizons.up, diag[role], seen, queue)),
             attainment_one_fewer=_round(_expected(role, chosen - 1, horizons.up, diag[role], seen, queue)),
