@@ -320,6 +320,18 @@ def test_the_tick_reports_the_expected_attainment_of_its_count_and_of_one_fewer(
     assert forecast_diag["attainment_target"] == 0.99 and forecast_diag["up"]["pairs"] > 0
 
 
+def test_the_count_is_the_fewest_whose_expected_attainment_meets_the_target(h200: PerfModel) -> None:
+    # 300 req/s swinging ±30% from tick to tick: the scenarios spread, and the count sized at their
+    # quantile meets the targets in all of them; fewer engines still meet them in enough of the
+    # requests, and the planner orders the fewest that do.
+    rates = list(300.0 * (1 + 0.3 * np.sin(np.arange(120) * 0.7)))
+    ticks = run(h200, Scenario("noisy", rates, "the count is chosen by its expected attainment"))
+    chosen_by_up = [r.diagnostics["roles"]["prefill"] for _, r, _ in ticks[-60:]]
+    chosen_by_up = [p for p in chosen_by_up if p["wish"] == p["up"]]
+    assert len(chosen_by_up) >= 30
+    assert all(p["attainment"] >= 0.99 > p["attainment_one_fewer"] for p in chosen_by_up)
+
+
 def test_a_higher_attainment_target_never_buys_fewer_engines(h200: PerfModel) -> None:
     scenario = Scenario("bursty", ([250.0] * 3 + [20.0] * 5) * 8, "the same traffic at three targets")
     finals = [
