@@ -1,21 +1,25 @@
-"""Sizing by the scenarios' attainment (`scaling.sizing: attainment`): per role, the fewest engines
-that meet the latency targets in the demand scenarios bringing `attainment_target` of the
-requests (app/core/sla/forecast.py learns the scenarios; app/core/sla/wish.py sizes one demand).
+"""Sizing by expected attainment (`scaling.sizing: attainment`): per role, the fewest engines whose
+expected share of requests within the latency targets, over demand scenarios learned from the
+traffic's own past, meets `attainment_target` (app/core/sla/forecast.py learns the scenarios,
+app/core/sla/wish.py sizes one demand, app/core/sla/attainment.py gives a count's expected
+attainment over the scenarios).
 
-The scenarios are ordered by demand and weighted by the requests each brings; the demand sized for
-is the least at or below which that share of the requests lies (`request_quantile`), for prompt
-tokens/s and requests in decode each. Two horizons, one rule:
+Two horizons, one rule:
 - **up**: engines ordered now serve from `now + lead` until the next chance to change the count
   (`horizon_s` later): the count for the scenarios of `[lead, lead + horizon]`;
 - **keep**: an engine released now is back no sooner than a lead later: the count for the
   scenarios of `[0, lead + horizon]` (the level now included).
+Per horizon the count starts from the sizing at the scenarios' request-weighted quantile (the
+least demand at or below which `attainment_target` of the requests lie): it meets the targets in
+every scenario it covers. From there it goes down one engine at a time while the expected
+attainment of one fewer, each scenario weighted by the requests it brings, still meets the target.
 The target is the larger of the up count and the current count lowered no further than the keep
 count; while the keep horizon still leans on the forecast's prior, nothing is lowered. Quiet
 periods need nothing of their own: what came after quiet moments is in the pairs. What the queue
 asks now (the drainable backlog and what it gains before ordered engines serve, the prompts its
-drain sends decode, the requests the decode engines hold) is sized on top, as in the headroom
-sizing. The tick record also reports the expected attainment of the count and of one fewer over
-the up scenarios (app/core/sla/attainment.py's queue model).
+drain sends decode, the requests the decode engines hold) is sized on top and loads every
+scenario. The tick record reports the expected attainment of the count and of one fewer over the
+up scenarios.
 """
 
 from __future__ import annotations

@@ -84,10 +84,10 @@ class SlaTuning(BaseModel):
     )
     sizing: Literal["headroom", "attainment"] = Field(
         default="headroom",
-        description="how counts are chosen: `attainment`, per role the count that meets the targets at "
-        "the demand below which sla.attainment_target of the requests lie, over demand scenarios "
-        "learned from the traffic's own past; `headroom`, the quantile sizing at the forecast's "
-        "headroom, ramp and surge",
+        description="how counts are chosen: `attainment`, per role the fewest engines whose expected "
+        "share of requests within target, over demand scenarios learned from the traffic's own past, "
+        "meets sla.attainment_target; `headroom`, the quantile sizing at the forecast's headroom, "
+        "ramp and surge",
     )
     forecast_cap: float = Field(
         default=2.0,
