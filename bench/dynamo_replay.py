@@ -38,9 +38,10 @@ Dynamo's router (round-robin or KV-aware). Every policy runs on that same world:
 `planner` and `dynamo` start from the same engines: the profile's sizing for the trace's first
 five minutes, or `--start`'s. `--fpm last-record` hands our planner each engine's last FPM
 record until a newer one arrives, as Dynamo's own replay adapter hands its planner (the default
-replaces it by an idle heartbeat once the engine has run no pass since the last tick). Score: SLO attainment = requests with TTFT and mean ITL both within the targets
-(Dynamo's goodput count) over all requests; GPU-hours as Dynamo's replay bills them (each worker
-from its order until it is removed, start-up and draining included).
+replaces it by an idle heartbeat once the engine has run no pass since the last tick). Score:
+SLO attainment = requests with TTFT and mean ITL both within the targets (Dynamo's goodput
+count) over all requests; GPU-hours as Dynamo's replay bills them (each worker from its order
+until it is removed, start-up and draining included).
 """
 
 from __future__ import annotations

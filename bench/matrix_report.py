@@ -154,3 +154,47 @@ def format_summary(summary: dict[str, list[str]]) -> str:
         n = len(summary["no_static"])
         lines[-1] += f" (not compared in {n} cell{'s' * (n != 1)}: no static row in this run)"
     return "\n".join(lines + format_fixed_summary(summary, LOW_ATTAINMENT))
+
+
+def stamp(command: Sequence[str]) -> dict[str, str]:
+    """What a results file is from: the command, the commit (with `+changes` if the tree differs
+    from it), the UTC date and the machine."""
+    import datetime
+    import os
+    import platform
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=root, capture_output=True, text=True, check=True
+            ).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no", "--", "app", "bench", "examples", "data"):
+        commit += "+changes"
+    return {
+        "command": " ".join(command),
+        "commit": commit,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"{platform.system()} {platform.release()}",
+    }
+
+
+def markdown_file(report: str, made: dict[str, str]) -> str:
+    """The report as docs/benchmarks/results.md: what it is from at its top."""
+    return (
+        "# Decision-quality matrix: results\n\n"
+        "Generated, not edited: re-run the command below to replace this file "
+        "([benchmarks.md](../benchmarks.md) says what the columns mean).\n\n"
+        f"- command: `{made['command']}`\n"
+        f"- commit: {made['commit']}\n"
+        f"- date: {made['date']}\n"
+        f"- machine: {made['machine']}\n\n"
+        f"{report.strip()}\n"
+    )

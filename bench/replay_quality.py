@@ -43,7 +43,7 @@ engine; the same for every policy of a cell).
 
     .venv/bin/python bench/replay_quality.py [--quick] [--workloads a,b | --half train|test]
         [--worlds a,b] [--delays 30,120] [--policies planner] [--scaling FIELD=VALUE ...]
-        [--attainment-target SHARE] [--workers 2] [--out FILE]
+        [--attainment-target SHARE] [--workers 2] [--out FILE] [--markdown FILE]
 
 The default is the whole matrix: 12 workloads x 6 worlds x 3 delays = 216 cells of 5 replays and
 a fixed sweep.
@@ -96,7 +96,9 @@ from bench.matrix_report import (  # noqa: E402, F401 (the report's names, re-ex
     LOW_ATTAINMENT,
     format_summary,
     goal_summary,
+    markdown_file,
     meets_goal,
+    stamp,
     world_table,
 )
 from bench.miss_causes import format_why, why  # noqa: E402
@@ -317,7 +319,15 @@ def main() -> int:
         help="the deployment's sla.attainment_target (attainment sizing), in (0, 1)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "replay_quality.json")
+    parser.add_argument(
+        "--markdown",
+        type=Path,
+        metavar="FILE",
+        help="also write the report to FILE, stamped with the command, commit, date and machine "
+        "(docs/benchmarks/results.md)",
+    )
     args = parser.parse_args()
+    made = stamp(["bench/replay_quality.py", *sys.argv[1:]])
     if args.attainment_target is not None and not 0 < args.attainment_target < 1:
         raise SystemExit(f"--attainment-target: expected a share in (0, 1), got {args.attainment_target}")
     policies = parse_names(args.policies, POLICIES, "--policies")
@@ -366,20 +376,27 @@ def main() -> int:
     wall_s = time.perf_counter() - started
     rows = [row for cell in cells for row in results[cell]]
 
+    report: list[str] = []
     for world in worlds:
         truth, scale = WORLDS[world]
-        print(f"\n### World `{world}` (truth {truth or 'profile'}, scale {scale:g})\n")
-        print("Cells: SLO attainment / GPU-hours ÷ the oracle's.\n")
-        print(world_table(rows, world, policies))
+        report.append(f"\n### World `{world}` (truth {truth or 'profile'}, scale {scale:g})\n")
+        report.append("Cells: SLO attainment / GPU-hours ÷ the oracle's.\n")
+        report.append(world_table(rows, world, policies))
     summary = goal_summary(rows)
-    print("\n" + format_summary(summary))
+    report.append("\n" + format_summary(summary))
     if summary["missed"]:
-        print("\nWhy the planner's missed cells miss (bench/miss_causes.py):\n")
-        print(format_why(rows, summary["missed"]))
-    print(f"\n{len(rows)} replays ({len(cells)} cells) in {wall_s:.0f} s with {args.workers} workers")
+        report.append("\nWhy the planner's missed cells miss (bench/miss_causes.py):\n")
+        report.append(format_why(rows, summary["missed"]))
+    report.append(f"\n{len(rows)} replays ({len(cells)} cells) in {wall_s:.0f} s with {args.workers} workers")
+    print("\n".join(report))
+    if args.markdown is not None:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown_file("\n".join(report), made))
+        print(f"wrote {args.markdown}", file=sys.stderr)
     out = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {
+        **made,
         "rows": rows,
         "summary": summary,
         "frontiers": frontiers(rows),

@@ -1,4 +1,4 @@
-"""In-process checks of the API hardening (issue 17): the decisions page written from rows and
+"""In-process checks of the API hardening: the decisions page written from rows and
 served again while the decisions stay the same, the Allow header of a 405, the body limit, a
 conflicting repeated acknowledgement. The real-HTTP side is tests/integration/test_api_hardening.py."""
 

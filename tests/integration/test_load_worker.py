@@ -1,6 +1,6 @@
 """Load-based scaling end to end: stand-in engines publish ForwardPassMetrics over real ZMQ on
 loopback, the planner's worker subscribes, keeps the live engines, counts the bad messages, drops
-the silent engine, trains its regressions and decides (issue 5's acceptance scenario)."""
+the silent engine, trains its regressions and decides."""
 
 from __future__ import annotations
 

@@ -458,3 +458,15 @@ def test_a_fixed_count_starts_where_the_planner_does_and_its_new_engines_serve_a
         assert ordered.at_s == first_tick_s
         assert full.at_s - ordered.at_s == pytest.approx(config.simulation.startup_delay_s)
         assert all(s.ready == initial[role] for s in samples if s.at_s < full.at_s), role
+
+
+def test_the_results_file_says_what_it_is_from_at_its_top() -> None:
+    made = rq.stamp(["bench/replay_quality.py", "--quick"])
+    assert made["command"] == "bench/replay_quality.py --quick"
+    assert made["commit"] not in ("", "unknown")  # the tests run in the repository's clone
+    text = rq.markdown_file("| a | b |\n|---|---|\n", made)
+    head = text.splitlines()[:9]
+    assert head[0] == "# Decision-quality matrix: results"
+    for field in ("command", "commit", "date", "machine"):
+        assert any(line.startswith(f"- {field}: ") and made[field] in line for line in head), field
+    assert text.rstrip().endswith("|---|---|")

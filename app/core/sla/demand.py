@@ -19,17 +19,17 @@ from app.core.sla.types import Demand, Growth, TrafficSample
 _DISPERSION_MIN_TICKS = 6
 _QUANTREG_MAX_ITER = 2000
 # How far below the level now a history pair stops saying how this traffic grows and only says
-# how high it went. x1 (every pair from below) was measured and lost 2.1 points on azure-conv-x30
-# at a 300 s start-up (a rise to new highs read as x1) and 13 on flash-crowd in `prefix-cost` at
-# 120 s (docs/benchmarks.md, session 10).
+# how high it went. At x1 every pair from below would count only as a height, and a rise to new
+# highs (where every pair is from below) would read as no growth at all; a factor of two keeps the
+# pairs of the same traffic at a somewhat lower level as growth.
 _FAR_BELOW = 2.0
 # A surge: ticks in a row, each arriving faster than the one before by more than `_SURGE_SD`
 # standard deviations of that difference (Poisson's times the traffic's dispersion). Two rises in
 # a row from a busy level are a crowd still arriving; from near silence (at most the quiet
 # fraction of the rate now) two are also a burst after a quiet period that began mid-tick, a step
-# whose size the quiet period's keep (quiet.py) answers for, so there it takes three. Three
-# everywhere and the 3 sd were set before measuring (docs/benchmarks.md, session 16); two from a
-# busy level was adopted on the train half by a rule set before its run (session 17).
+# whose size the quiet period's keep (quiet.py) answers for, so there it takes three. 3 sd: a
+# Poisson difference that large comes by chance about once in a thousand ticks, twice in a row
+# about once in a million.
 _SURGE_TICKS_FROM_QUIET = 3
 _SURGE_TICKS = 2
 _SURGE_SD = 3.0

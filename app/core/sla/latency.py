@@ -203,9 +203,9 @@ class PrefillCost:
         no less than its tokens' share of one full single-prompt chunk: the features charge
         attention per prompt (÷ n), but a packed chunk may cost what one sequence of all its
         tokens does (the project's worlds time it so), and a saturated engine is where that shows
-        and where no record has shown it yet. Read per prompt, one engine at a modelled 88% on
-        `flash-crowd` ran saturated (53.4k tokens/s modelled, 48.2k the most a full chunk gives;
-        docs/benchmarks.md, session 17)."""
+        and where no record has shown it yet. Read per prompt, a short-prompt mix is modelled faster
+        than any full chunk can run (53.4k tokens/s against the 48.2k of a full 8,192-token chunk
+        on the bundled H200 profile), so an engine planned at 88% runs saturated."""
         alone = self.alone_s(isl_tokens)
         if not self.packs:
             return alone
