@@ -649,7 +649,7 @@ def test_a_gap_older_than_all_learned_ones_falls_back_to_the_prior(h200: PerfMod
     # From 90 s none lasted longer: the prior alone, h/(a+h), as with no history. It keeps the
     # engines while that is at least 0.2, to 560 s (a gap longer than all five learned ones is
     # still as likely to end soon as an unknown one: on bursty-gaps, letting go sooner here cost
-    # 17.5 points of attainment, docs/benchmarks.md).
+    # 17.5 points of attainment).
     assert seen[90.0]["return_probability"] == round(horizon_s / (90 + horizon_s), 3)
     assert seen[90.0]["keep"] is True
     assert seen[90.0]["periods_seen"] == 5

@@ -1383,8 +1383,7 @@ def test_a_rise_the_forecast_carried_is_not_headroom_on_the_way_down(h200: PerfM
     never went beyond that forecast: every pair's peak over its forecast is x1, and so is the
     headroom on the way down. Read against the level instead, the rise the forecast already
     carried counts again as headroom: x1.3 on the way down, where the traffic only falls
-    (`diurnal` at a 300 s start-up read x1.3-x4.7 on its decline, docs/benchmarks.md, session
-    14)."""
+    (`diurnal` at a 300 s start-up read x1.3-x4.7 on its decline)."""
     settings = settings_for(
         h200, ("prefill",), trend=True, growth_neighbour_share=1.0, growth_regression=False
     )
