@@ -113,8 +113,8 @@ class EmbeddedPlanner:
             # The service reads the frontend over the interval the tick asks for; the embedder
             # reports each tick's window, merged here until that interval is due.
             traffic, self._traffic = self._traffic, None
-        fpm = {role: inp.fpm.get(role, {}) for role in roles} if needs.fpm else {}
-        fresh = self._fresh(fpm) if self.planner.settings.load is not None else {}
+        latest = {role: inp.fpm.get(role, {}) for role in roles} if needs.fpm else {}
+        fresh = self._fresh(latest) if self.planner.settings.load is not None else {}
         current = self._current(inp.fpm)
         fpm = {role: current.get(role, {}) for role in roles} if needs.fpm else {}
         complete = {}

@@ -28,8 +28,8 @@ _FAR_BELOW = 2.0
 # a row from a busy level are a crowd still arriving; from near silence (at most the quiet
 # fraction of the rate now) two are also a burst after a quiet period that began mid-tick, a step
 # whose size the quiet period's keep (quiet.py) answers for, so there it takes three. 3 sd: a
-# Poisson difference that large comes by chance about once in a thousand ticks, twice in a row
-# about once in a million.
+# difference that large comes by chance about once in 740 ticks, twice in a row about once in
+# 550,000.
 _SURGE_TICKS_FROM_QUIET = 3
 _SURGE_TICKS = 2
 _SURGE_SD = 3.0
