@@ -201,13 +201,9 @@ class EmbeddedPlanner:
             for (worker, rank), record in records.items():
                 self._previous[(role, worker, rank)] = record
                 stale = not record.is_heartbeat and previous.get((role, worker, rank)) == record
-                view[(worker, rank)] = _idle(record) if stale else record
+                view[(worker, rank)] = ForwardPassMetrics.heartbeat(worker, rank) if stale else record
             current[role] = view
         return current
-
-
-def _idle(record: ForwardPassMetrics) -> ForwardPassMetrics:
-    return ForwardPassMetrics(worker_id=record.worker_id, dp_rank=record.dp_rank, wall_time_s=0.0)
 
 
 def _fpm_summary(fpm: Mapping[str, FpmByEngine]) -> dict[str, Any]:

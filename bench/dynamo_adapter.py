@@ -80,7 +80,7 @@ def fpm_from_snapshot(snapshot: Mapping[str, Any]) -> ForwardPassMetrics:
 
 def idle_heartbeat(worker_id: str, dp_rank: int = 0) -> ForwardPassMetrics:
     """What an idle engine publishes: an all-zero record with no forward pass."""
-    return ForwardPassMetrics(worker_id=worker_id, dp_rank=dp_rank, wall_time_s=0.0)
+    return ForwardPassMetrics.heartbeat(worker_id, dp_rank)
 
 
 def traffic_from_snapshot(traffic: Mapping[str, Any] | None) -> TrafficWindow | None:

@@ -175,9 +175,7 @@ def write_trace(requests: Sequence, hash_ids: Sequence[list[int]] | None, path: 
 # --- our side: the deployment and the profile's sizing ------------------------------------------
 
 
-def deployment_for(
-    workload: Workload, decode_max_num_seqs: int | None = None, sizing: str | None = None
-):
+def deployment_for(workload: Workload, decode_max_num_seqs: int | None = None, sizing: str | None = None):
     """examples/replay.yaml's deployment with the workload's targets (and, if given, the decode
     engines' batch limit, which the file leaves unset, and SLA scaling's `sizing`)."""
     from app.sim.config import load_replay_config, with_overrides

@@ -79,7 +79,7 @@ def payloads() -> list[bytes]:
         for engine in range(ENGINES):
             worker_id = f"worker-{engine:02d}"
             if variant == VARIANTS_PER_ENGINE - 1:
-                record = ForwardPassMetrics(worker_id=worker_id, dp_rank=0, wall_time_s=0.0)
+                record = ForwardPassMetrics.heartbeat(worker_id)
             else:
                 record = ForwardPassMetrics(
                     worker_id=worker_id,

@@ -79,7 +79,7 @@ def make_record(worker_id: str, index: int, dp_rank: int = 0) -> ForwardPassMetr
 
 
 def heartbeat(worker_id: str, dp_rank: int = 0) -> ForwardPassMetrics:
-    return ForwardPassMetrics(worker_id=worker_id, dp_rank=dp_rank, wall_time_s=0.0)
+    return ForwardPassMetrics.heartbeat(worker_id, dp_rank)
 
 
 def as_e3_array(record: ForwardPassMetrics) -> list[Any]:

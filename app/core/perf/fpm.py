@@ -62,6 +62,11 @@ class ForwardPassMetrics:
     scheduled: ScheduledRequestMetrics = field(default_factory=ScheduledRequestMetrics)
     queued: QueuedRequestMetrics = field(default_factory=QueuedRequestMetrics)
 
+    @classmethod
+    def heartbeat(cls, worker_id: str, dp_rank: int = 0) -> ForwardPassMetrics:
+        """What an idle engine publishes: an all-zero record with no forward pass."""
+        return cls(worker_id=worker_id, dp_rank=dp_rank, wall_time_s=0.0)
+
     @property
     def key(self) -> tuple[str, int]:
         return (self.worker_id, self.dp_rank)
