@@ -4,6 +4,10 @@ the goal and how many cells meet it, and the planner against its cell's fixed co
 
 from __future__ import annotations
 
+import datetime
+import os
+import platform
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -159,11 +163,6 @@ def format_summary(summary: dict[str, list[str]]) -> str:
 def stamp(command: Sequence[str]) -> dict[str, str]:
     """What a results file is from: the command, the commit (with `+changes` if the tree differs
     from it), the UTC date and the machine."""
-    import datetime
-    import os
-    import platform
-    import subprocess
-
     root = Path(__file__).resolve().parents[1]
 
     def git(*args: str) -> str:
