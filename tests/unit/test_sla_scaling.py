@@ -38,7 +38,7 @@ from app.core.sla.capacity import (
 from app.core.sla.demand import _growth_quantiles, _quantile_line, _surge, busiest_rate
 from app.core.sla.latency import DecodeCost, LatencyModels, PrefillCost, prefill_features, prior_models
 from app.core.sla.settings import SlaSettings
-from app.core.sla.state import SlaState
+from app.core.sla.state import LevelRecord, Order, SlaState
 from app.core.sla.step import scale_down_window_s, sla_step
 from app.core.sla.types import SlaInput, SlaReason, SlaResult, TrafficSample
 from app.core.types import EngineKey, Role, RoleBounds
@@ -1014,7 +1014,7 @@ def test_e_an_open_order_older_than_the_estimate_lengthens_the_lead(h200: PerfMo
     assert run.state.lead_s == 300.0
     assert (result.diagnostics["lead_s"], result.diagnostics["lead_measured"]) == (300.0, True)
     # A measured lead shorter than a later open order's age gives way to that age as well.
-    run.state.orders, run.expected = {"prefill": (run.now_s - 400.0, 3)}, {"prefill": 3}
+    run.state.orders, run.expected = {"prefill": Order(run.now_s - 400.0, 3)}, {"prefill": 3}
     assert run.tick(100.0, ready={"prefill": need}, follow=False).diagnostics["lead_s"] == 405.0
 
 
@@ -1321,7 +1321,7 @@ def test_a_the_growth_headroom_learns_from_pairs_that_started_near_the_level_now
     settings = settings_for(h200, ("prefill",), trend=True)
     lead_s = settings.startup_estimate_s
 
-    def history(ending_high: bool) -> deque[tuple[float, float, float, float, float]]:
+    def history(ending_high: bool) -> deque[LevelRecord]:
         times = np.arange(0.0, 1800.0, TICK_S) + (120.0 if ending_high else 0.0)
         levels = [200.0 if (t // 120) % 2 else 100.0 for t in times]
         return deque(flat(t, level, level / 10) for t, level in zip(times, levels, strict=True))
@@ -1397,7 +1397,7 @@ def test_a_rise_the_forecast_carried_is_not_headroom_on_the_way_down(h200: PerfM
 
     times = np.arange(0.0, 1050.0, TICK_S)  # ends on the way down, at 150
     forecast = [min(level(t) + slope * lead_s, 300.0) if t < 600 else level(t) for t in times]
-    history = deque((t, level(t), level(t), f, f) for t, f in zip(times, forecast, strict=True))
+    history = deque(LevelRecord(t, level(t), level(t), f, f) for t, f in zip(times, forecast, strict=True))
     assert level(times[-1]) == pytest.approx(150.0 + slope * TICK_S)
     assert growth_of(history, lead_s, settings)[0] == (1.0, 1.0)
     against_level = deque(flat(t, level(t), level(t)) for t in times)
@@ -1474,13 +1474,13 @@ def test_a_the_regression_reads_a_trough_no_further_than_the_way_back_to_the_usu
     assert (growth.tokens, growth.flight) == growth.neighbours == (1.5, 1.5)
 
 
-def flat(t: float, tokens_s: float, flight: float) -> tuple[float, float, float, float, float]:
+def flat(t: float, tokens_s: float, flight: float) -> LevelRecord:
     """A history point whose forecast was its own level (no ramp under way)."""
-    return t, tokens_s, flight, tokens_s, flight
+    return LevelRecord(t, tokens_s, flight, tokens_s, flight)
 
 
 def growth_of(
-    history: deque[tuple[float, float, float, float, float]], lead_s: float, settings: SlaSettings
+    history: deque[LevelRecord], lead_s: float, settings: SlaSettings
 ) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float] | None]:
     """(the headroom, the neighbours' estimate, the regression's), rounded where a fit gives them."""
     growth = _growth_quantiles(history, lead_s, settings)

@@ -46,7 +46,7 @@ def backlog_growth(
     arriving = demand.request_rate_s * demand.isl
     expected = max(inp.expected.get("prefill", ready), ready)
     order = state.orders.get("prefill")
-    due_s = min(lead_s, max(0.0, order[0] + lead_s - inp.now_s)) if order is not None else 0.0
+    due_s = min(lead_s, max(0.0, order.ordered_s + lead_s - inp.now_s)) if order is not None else 0.0
     before = max(0.0, arriving - ready * capacity_tokens_s) * due_s
     after = max(0.0, arriving - expected * capacity_tokens_s) * (lead_s - due_s)
     return before + after

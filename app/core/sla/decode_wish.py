@@ -20,7 +20,7 @@ from app.core.sla.capacity import (
 )
 from app.core.sla.learners import decode_floor_scale
 from app.core.sla.settings import SlaSettings
-from app.core.sla.state import SlaState
+from app.core.sla.state import HeldContext, SlaState
 from app.core.sla.types import Demand, SlaInput
 
 
@@ -164,15 +164,16 @@ def record_held(state: SlaState, inp: SlaInput, now_s: float, window_s: float) -
     records = inp.fpm.get("decode", {}).values()
     requests = sum(r.scheduled.num_decode_requests for r in records)
     if requests:
-        state.held.append((now_s, sum(r.scheduled.sum_decode_kv_tokens for r in records), requests))
-    while state.held and state.held[0][0] <= now_s - window_s:
+        kv_tokens = sum(r.scheduled.sum_decode_kv_tokens for r in records)
+        state.held.append(HeldContext(now_s, kv_tokens, requests))
+    while state.held and state.held[0].t_s <= now_s - window_s:
         state.held.popleft()
 
 
 def _window_context(state: SlaState) -> float | None:
     """The mean context of the requests the decode engines held over the window (None: none)."""
-    requests = sum(h[2] for h in state.held)
-    return sum(h[1] for h in state.held) / requests if requests else None
+    requests = sum(h.requests for h in state.held)
+    return sum(h.kv_tokens for h in state.held) / requests if requests else None
 
 
 def _held_context(inp: SlaInput) -> float | None:

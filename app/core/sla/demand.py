@@ -13,7 +13,7 @@ import numpy as np
 
 from app.core.sla.capacity import Bucket, LengthMix, decode_concurrency, peak_concurrency
 from app.core.sla.settings import SlaSettings
-from app.core.sla.state import SlaState
+from app.core.sla.state import LevelRecord, SlaState
 from app.core.sla.types import Demand, Growth, TrafficSample
 
 _DISPERSION_MIN_TICKS = 6
@@ -82,8 +82,8 @@ def demand_at(
         # Only a full window is a level: the first ticks' partial windows would read as a ramp.
         # The last two fields are what this tick forecast: the level, unless a steady rise is
         # under way (below).
-        state.history.append((now, trend * isl, in_flight(trend), trend * isl, in_flight(trend)))
-    while state.history and state.history[0][0] <= now - settings.history_s:
+        state.history.append(LevelRecord(now, trend * isl, in_flight(trend), trend * isl, in_flight(trend)))
+    while state.history and state.history[0].t_s <= now - settings.history_s:
         state.history.popleft()
     # A ramp under way goes on for the lead: its slope, carried from the middle of the window.
     ahead_s = lead_s + settings.trend_window_s / 2
@@ -97,8 +97,8 @@ def demand_at(
     # higher): the trend catching up with a step (a burst after a quiet period) rises as steeply
     # as a ramp for a trend window, and carried a lead ahead it would read several times the
     # burst; growth beyond the history's levels is the headroom's to forecast.
-    top_tokens = max([level * isl, *(h[1] for h in state.history)])
-    top_flight = max([in_flight(level), *(h[2] for h in state.history)])
+    top_tokens = max([level * isl, *(h.tokens_s for h in state.history)])
+    top_flight = max([in_flight(level), *(h.in_flight for h in state.history)])
     ramp_tokens = min(trend * isl + ramp[0] * ahead_s, top_tokens)
     ramp_flight = min(in_flight(trend) + ramp[1] * ahead_s, top_flight)
     # Unless the arrivals rose along a line rather than in a step: a rise that has lasted the
@@ -114,7 +114,7 @@ def demand_at(
         # What this tick forecast a steady rise to reach: the headroom learns how far the
         # traffic went beyond it, so a rise carried here is not counted again as headroom where
         # the level is the same on the way down (below).
-        state.history[-1] = (
+        state.history[-1] = LevelRecord(
             now,
             trend * isl,
             in_flight(trend),
@@ -189,7 +189,7 @@ def _surge(
 
 
 def _slopes(
-    history: deque[tuple[float, float, float, float, float]],
+    history: deque[LevelRecord],
     since_s: float,
     min_span_s: float,
     *,
@@ -199,7 +199,9 @@ def _slopes(
     `log`: a growth rate), never below 0: only a rise is carried forward (the planner never
     scales in on a forecast). Points spanning less than `min_span_s` give no slope: the first
     minute's levels are too few to say anything."""
-    points = np.array([h for h in history if h[0] > since_s and (not log or min(h[1], h[2]) > 0)])
+    points = np.array(
+        [h[:3] for h in history if h.t_s > since_s and (not log or min(h.tokens_s, h.in_flight) > 0)]
+    )
     if len(points) < 3 or np.ptp(points[:, 0]) < min_span_s:
         return 0.0, 0.0
     if log:
@@ -273,9 +275,7 @@ def dispersion_index(items: list[TrafficSample], prior_s: float) -> float:
     return max(1.0, 1.0 + weight * (raw - 1.0))
 
 
-def _growth_quantiles(
-    history: deque[tuple[float, float, float, float, float]], lead_s: float, settings: SlaSettings
-) -> Growth | None:
+def _growth_quantiles(history: deque[LevelRecord], lead_s: float, settings: SlaSettings) -> Growth | None:
     """How far each level rose within `lead_s`, as the traffic kept in the history did it: the
     `growth_quantile` of max(level over [t, t + lead]) ÷ forecast(t), at least 1, for prompt
     tokens and for requests in decode. The peak within the lead, not the level at its end: an
@@ -297,7 +297,7 @@ def _growth_quantiles(
       pair, so it sees the pull back towards the usual level in a trough the history has no
       neighbours for yet (the first trough), where the neighbours see only the flat trough. It
       is capped at that way back: the history's median level over the level now (`ceiling`)."""
-    times = np.array([h[0] for h in history])
+    times = np.array([h.t_s for h in history])
     later = np.searchsorted(times, times + lead_s)
     starts = np.flatnonzero(later < len(times))
     if len(starts) < settings.growth_min_points:

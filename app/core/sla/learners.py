@@ -17,7 +17,7 @@ from app.core.perf.interpolation import PerfModel
 from app.core.sla.capacity import LengthMix, prefill_engines
 from app.core.sla.latency import prefill_rows
 from app.core.sla.settings import SlaSettings
-from app.core.sla.state import SlaState
+from app.core.sla.state import DecodeFloorSums, Order, PrefillPasses, SlaState
 from app.core.sla.types import EngineKey, SlaInput
 from app.core.types import Role
 
@@ -59,11 +59,13 @@ def update_scale(
                 weighted_s[0] += batch * record.wall_time_s
                 weighted_s[1] += batch * expected
     if weighted_s[1] > 0:
-        measured, profiled, updated_s = state.decode_floor_sums
+        sums = state.decode_floor_sums
         fade = 1.0
-        if updated_s is not None and now_s > updated_s:
-            fade = 0.5 ** ((now_s - updated_s) / settings.latency_half_life_s)
-        state.decode_floor_sums = (fade * measured + weighted_s[0], fade * profiled + weighted_s[1], now_s)
+        if sums.updated_s is not None and now_s > sums.updated_s:
+            fade = 0.5 ** ((now_s - sums.updated_s) / settings.latency_half_life_s)
+        state.decode_floor_sums = DecodeFloorSums(
+            fade * sums.measured_s + weighted_s[0], fade * sums.profiled_s + weighted_s[1], now_s
+        )
     if ratios:
         low, high = settings.scale_bounds
         ratio = min(high, max(low, statistics.median(ratios)))
@@ -71,6 +73,13 @@ def update_scale(
         a = settings.scale_smoothing
         state.scale[role] = ratio if before is None else before + a * (ratio - before)
     return len(ratios)
+
+
+def open_order(state: SlaState, role: Role, now_s: float, count: int, ready: int) -> None:
+    """Start timing a scale-up to `count` engines, unless an order is open (its engines come
+    first, so it keeps its start) or the ready engines already meet it (it measures nothing)."""
+    if count > ready and role not in state.orders:
+        state.orders[role] = Order(now_s, count)
 
 
 def update_lead(state: SlaState, inp: SlaInput, settings: SlaSettings) -> float:
@@ -87,7 +96,7 @@ def update_lead(state: SlaState, inp: SlaInput, settings: SlaSettings) -> float:
             state.lead_s = latency if state.lead_s is None else 0.7 * state.lead_s + 0.3 * latency
             del state.orders[role]
     lead_s = state.lead_s if state.lead_s is not None else settings.startup_estimate_s
-    return max([lead_s, *(inp.now_s - ordered_s for ordered_s, _ in state.orders.values())])
+    return max([lead_s, *(inp.now_s - order.ordered_s for order in state.orders.values())])
 
 
 # Records one tick learns from, at most: a second's worth of a busy engine's iterations is enough
@@ -176,17 +185,17 @@ def check_saturated(
     before, state.prefill_passes = state.prefill_passes, None
     if state.latency is None or engines <= 0 or len(latest) != engines:
         return None
-    state.prefill_passes = (inp.now_s, latest)
+    state.prefill_passes = PrefillPasses(inp.now_s, latest)
     chunk = state.latency.prefill.chunk_tokens
     t = inp.traffic
     if (
         before is None
         or not interval_s
-        or abs(inp.now_s - before[0] - interval_s) > 1e-6
-        or before[1].keys() != latest.keys()
+        or abs(inp.now_s - before.t_s - interval_s) > 1e-6
+        or before.by_engine.keys() != latest.keys()
         # An engine whose latest pass is the one seen before ran none: stalled or idle, not full.
-        or any(before[1][key] == record for key, record in latest.items())
-        or min(r.queued.sum_prefill_tokens for r in (*before[1].values(), *latest.values())) < chunk
+        or any(before.by_engine[key] == record for key, record in latest.items())
+        or min(r.queued.sum_prefill_tokens for r in (*before.by_engine.values(), *latest.values())) < chunk
         or t is None
         or t.isl is None
         or abs(t.duration_s - interval_s) > 0.5 * interval_s
@@ -195,7 +204,7 @@ def check_saturated(
     modelled = prefill_engines(
         state.latency.prefill, token_rate_s=0.0, mix=mix, ttft_target_ms=settings.ttft_target_ms
     ).capacity_tokens_s
-    queued_before = sum(r.queued.sum_prefill_tokens for r in before[1].values())
+    queued_before = sum(r.queued.sum_prefill_tokens for r in before.by_engine.values())
     served = queued_before + t.num_req * t.isl - sum(r.queued.sum_prefill_tokens for r in latest.values())
     if modelled <= 0 or served <= 0:
         return None
@@ -216,8 +225,8 @@ def decode_floor_scale(state: SlaState, settings: SlaSettings) -> float:
     their batch; where the world's shape is not the profile's, small batches read another ratio
     than large ones (Dynamo's mocker: 0.7-1.27 from tick to tick on one trace), and the floor
     stands where the batches are large. Before any decode pass: 1, the profile itself."""
-    measured, profiled, _ = state.decode_floor_sums
-    if profiled <= 0:
+    sums = state.decode_floor_sums
+    if sums.profiled_s <= 0:
         return 1.0
     low, high = settings.scale_bounds
-    return min(high, max(low, measured / profiled))
+    return min(high, max(low, sums.measured_s / sums.profiled_s))

@@ -1,10 +1,15 @@
 """What SLA scaling learns between ticks: the traffic samples, wishes and level history, the
-measured scales and scaling latency. The planner owns one per deployment (app/core/planner.py)."""
+measured scales and scaling latency. The planner owns one per deployment (app/core/planner.py).
+
+Each field is changed by one module, the step that owns it (named in the field's comment); the
+others read it. Every record in it is a named, immutable tuple, so a tick's copy shares them."""
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from app.core.perf.fpm import ForwardPassMetrics
 from app.core.sla.forecast import LevelPoint
@@ -14,40 +19,94 @@ from app.core.sla.types import EngineKey, TrafficSample
 from app.core.types import Role
 
 
+class Wish(NamedTuple):
+    """What one tick wished for: the stabilisation window keeps the largest (step.py)."""
+
+    t_s: float
+    counts: dict[Role, int]
+
+
+class LevelRecord(NamedTuple):
+    """One tick's levels over the level window, and what that tick forecast of both: the level,
+    or where a steady rise was under way, the level it was carried to a lead ahead (the headroom
+    is learned beyond it, demand.py)."""
+
+    t_s: float
+    tokens_s: float  # prompt tokens per second
+    in_flight: float  # requests in decode at the ITL target
+    forecast_tokens_s: float
+    forecast_in_flight: float
+
+
+class DecodeFloorSums(NamedTuple):
+    """Decode's forward passes, faded: their ratio scales the profile's shape beyond the batches
+    seen (learners.py)."""
+
+    measured_s: float = 0.0  # Σ batch × measured time
+    profiled_s: float = 0.0  # Σ batch × the profile's time
+    updated_s: float | None = None  # when last added to
+
+
+class HeldContext(NamedTuple):
+    """The decode engines' context at one tick of the trend window (decode_wish.py)."""
+
+    t_s: float
+    kv_tokens: float
+    requests: int
+
+
+class Order(NamedTuple):
+    """An open scale-up order: its age once the engines are ready is a scaling latency."""
+
+    ordered_s: float
+    count: int
+
+
+class PrefillPasses(NamedTuple):
+    """The prefill engines' latest forward passes at a tick, for `check_saturated`: their queues,
+    and whether each ran a pass since (learners.py)."""
+
+    t_s: float
+    by_engine: Mapping[EngineKey, ForwardPassMetrics]
+
+
+class Lengths(NamedTuple):
+    """The last mean prompt and output lengths seen with traffic (step.py)."""
+
+    isl: float
+    osl: float
+
+
 @dataclass
 class SlaState:
+    # The traffic samples of the lookback and the wishes of the stabilisation window (step.py).
     samples: deque[TrafficSample] = field(default_factory=deque)
-    wishes: deque[tuple[float, dict[Role, int]]] = field(default_factory=deque)
-    # (t, prompt tokens per second, requests in decode at the target) of the level window, and
-    # what that tick forecast of both: the level, or where a steady rise was under way, the
-    # level it was carried to a lead ahead (the headroom is learned beyond it, demand.py)
-    history: deque[tuple[float, float, float, float, float]] = field(default_factory=deque)
-    # The level each tick saw (attainment sizing's history of pairs, forecast.py)
+    wishes: deque[Wish] = field(default_factory=deque)
+    # The headroom's history (demand.py) and the levels attainment sizing learns from (forecast.py).
+    history: deque[LevelRecord] = field(default_factory=deque)
     levels: deque[LevelPoint] = field(default_factory=deque)
+    # Measured time over the profile's, per role, and decode's floor sums (learners.py).
     scale: dict[Role, float] = field(default_factory=dict)
-    # Decode's records, faded: (Σ batch × measured time, Σ batch × the profile's time, when last
-    # added). Their ratio scales the profile's shape beyond the batches seen (learners.py).
-    decode_floor_sums: tuple[float, float, float | None] = (0.0, 0.0, None)
-    first_s: float | None = None
-    # The decode engines' (t, Σ KV tokens, Σ requests) of the trend window's ticks: the context
-    # decode is sized at (decode_wish.py).
-    held: deque[tuple[float, float, int]] = field(default_factory=deque)
-    # Scaling latency: the open scale-up orders (role -> (ordered at, count)) and the measurements.
-    orders: dict[Role, tuple[float, int]] = field(default_factory=dict)
+    decode_floor_sums: DecodeFloorSums = DecodeFloorSums()
+    first_s: float | None = None  # the first tick (step.py)
+    held: deque[HeldContext] = field(default_factory=deque)  # decode_wish.py
+    # Scaling latency: the open scale-up orders, opened by step.py's `place_orders` and closed by
+    # learners.py's `update_lead`, and the measured lead.
+    orders: dict[Role, Order] = field(default_factory=dict)
     lead_s: float | None = None
+    # The forward passes already learned from, per engine (learners.py).
     seen: dict[tuple[Role, EngineKey], ForwardPassMetrics] = field(default_factory=dict)
-    # The engines' learned iteration costs (None until the first tick with a model), the prefill
-    # capacity correction from their busy time, and what quiet periods were like.
+    # The engines' learned iteration costs (None until the first tick with a model; step.py starts
+    # them from the profile, learners.py trains them) and the prefill capacity correction from
+    # their busy time (learners.py).
     latency: LatencyModels | None = None
     correction: float = 1.0
-    # The prefill engines' latest forward passes at the last tick (t, per engine), for
-    # `check_saturated`: their queues, and whether each ran a pass since.
-    prefill_passes: tuple[float, dict[EngineKey, ForwardPassMetrics]] | None = None
-    quiet: QuietState = field(default_factory=QuietState)
-    last_tick_s: float | None = None
-    lengths: tuple[float, float] | None = None  # the last (mean ISL, mean OSL) with traffic
+    prefill_passes: PrefillPasses | None = None  # learners.py
+    quiet: QuietState = field(default_factory=QuietState)  # quiet.py's `observe`, each tick
+    last_tick_s: float | None = None  # step.py
+    lengths: Lengths | None = None  # step.py
     # Scale to zero: when a request was last seen (arriving, queued or in flight; the first tick
-    # until then), and whether the deployment is at zero now.
+    # until then), and whether the deployment is at zero now (step.py).
     active_s: float | None = None
     asleep: bool = False
 

@@ -62,9 +62,16 @@ from app.core.sla.decide import attainment_wishes, forecasts, observe
 from app.core.sla.decode_wish import record_held
 from app.core.sla.demand import demand_at
 from app.core.sla.latency import prior_models
-from app.core.sla.learners import check_busy, check_saturated, learn_latency, update_lead, update_scale
+from app.core.sla.learners import (
+    check_busy,
+    check_saturated,
+    learn_latency,
+    open_order,
+    update_lead,
+    update_scale,
+)
 from app.core.sla.settings import SlaSettings
-from app.core.sla.state import SlaState
+from app.core.sla.state import Lengths, SlaState, Wish
 from app.core.sla.types import Demand, SlaInput, SlaReason, SlaResult
 from app.core.sla.wish import wishes_at
 from app.core.types import Role
@@ -142,7 +149,7 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
             None, SlaReason.NO_TRAFFIC_DATA, "no traffic in the level window", diagnostics
         )
     if demand.isl > 0:
-        state.lengths = (demand.isl, demand.osl)
+        state.lengths = Lengths(demand.isl, demand.osl)
     diagnostics["demand"] = {
         "request_rate_s": round(demand.request_rate_s, 3),
         "token_rate_s": round(demand.token_rate_s, 1),
@@ -223,12 +230,12 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
             "queued_requests": inp.traffic.queued_requests if inp.traffic else None,
             "inflight_requests": inp.traffic.inflight_requests if inp.traffic else None,
         }
-    state.wishes.append((now, wish))
+    state.wishes.append(Wish(now, wish))
     # Attainment sizing keeps engines by its own horizon (decide.py): no window, no hold.
     window_s = 0.0 if by_attainment else scale_down_window_s(settings, lead_s)
     diagnostics["scale_down_window_s"] = round(window_s, 1)
     # Strictly older than the window: with a window of 0 the current wish stays in it.
-    while state.wishes and state.wishes[0][0] < now - window_s:
+    while state.wishes and state.wishes[0].t_s < now - window_s:
         state.wishes.popleft()
     watched_s = now - state.first_s
     target: dict[Role, int] = {}
@@ -256,7 +263,7 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
             target[role], reasons[role] = current, SlaReason.HOLD
             role_diag[role]["hold"] = "the forecast's headroom is not learned yet"
         else:
-            stable = max(w[role] for _, w in state.wishes)
+            stable = max(w.counts[role] for w in state.wishes)
             if stable < current:
                 target[role], reasons[role] = stable, SlaReason.SCALE_DOWN
             else:
@@ -264,10 +271,8 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
                 role_diag[role]["hold"] = f"highest wish of the window is {stable}"
         role_diag[role]["reason"] = str(reasons[role])
         notes.append(f"{role} {current}->{target[role]} ({reasons[role]}, wish {want})")
-        if target[role] > max(current, inp.ready.get(role, 0)) and role not in state.orders:
-            # An order still open keeps its start: the engines it asked for come first. An order
-            # the ready engines already meet measures nothing.
-            state.orders[role] = (now, target[role])
+        if target[role] > current:
+            open_order(state, role, now, target[role], inp.ready.get(role, 0))
     order = (
         SlaReason.WAKE_UP,
         SlaReason.SCALED_TO_ZERO,
@@ -294,8 +299,7 @@ def _bare_wake(
     target = {role: max(1, inp.expected.get(role, 0)) for role in settings.bounds}
     target = {role: min(count, settings.bounds[role].max_replicas) for role, count in target.items()}
     for role, count in target.items():
-        if count > inp.ready.get(role, 0) and role not in state.orders:
-            state.orders[role] = (inp.now_s, count)
+        open_order(state, role, inp.now_s, count, inp.ready.get(role, 0))
     diagnostics["zero"] = {
         "quiet_s": settings.scale_to_zero.quiet_s,
         "quiet_for_s": 0.0,
@@ -343,8 +347,8 @@ def _quiet_floor(
     outlook and both choices' expected costs, for the diagnostics (None outside quiet periods)."""
     if not state.history:
         return None
-    tokens_s = state.history[-1][1]
-    usual = float(np.quantile([h[1] for h in state.history], 0.75))
+    tokens_s = state.history[-1].tokens_s
+    usual = float(np.quantile([h.tokens_s for h in state.history], 0.75))
     state.quiet = quiet.observe(
         state.quiet,
         inp.now_s,
