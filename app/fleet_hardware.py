@@ -71,7 +71,7 @@ def load_variants(
             chunk_tokens=deployment.prefill.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
             max_kv_tokens=deployment.decode.max_kv_tokens,
             max_num_seqs=deployment.decode.max_num_seqs,
-            tuning=deployment.scaling,
+            attainment_target=deployment.sla.attainment_target,
         )
         variants.append(
             Variant(

@@ -20,7 +20,7 @@ from app.core.seed.load_models import LoadModels
 from app.core.seed.load_types import LoadSettings
 from app.core.seed.predictors import TrafficPredictor
 from app.core.seed.throughput import ThroughputSettings
-from app.core.sla.settings import SlaSettings, SlaTuning
+from app.core.sla.settings import SlaModel, SlaSettings, SlaTuning
 from app.core.traces import bucket_requests
 from app.sources.profile_files import load_profile
 from app.sources.traces import load_trace
@@ -32,11 +32,13 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 
 
 def sla_settings(deployment: DeploymentConfig, model: PerfModel | None) -> SlaSettings:
-    """SLA scaling's settings: the `scaling:` tunables as they are, plus targets and capacities."""
+    """SLA scaling's settings: the `scaling:` tunables as they are, the model's parameters for the
+    deployment's tick interval, targets and capacities."""
     decode = deployment.decode
     max_kv = decode.max_kv_tokens or (model.decode.max_kv_tokens if model is not None else 1)
     return SlaSettings(
         **deployment.scaling.model_dump(include=set(SlaTuning.model_fields)),
+        **SlaModel.for_interval(deployment.scaling.interval_s).model_dump(),
         ttft_target_ms=deployment.sla.ttft_ms,
         itl_target_ms=deployment.sla.itl_ms,
         attainment_target=deployment.sla.attainment_target,

@@ -32,7 +32,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from app import planner_setup  # noqa: E402
 from app.core.sla import decide, step, wish  # noqa: E402
+from app.core.sla.settings import SlaTuning  # noqa: E402
 from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides  # noqa: E402
 from app.sim.outputs import summarize  # noqa: E402
 from app.sim.replay import build_world, make_policy, run_policy  # noqa: E402
@@ -101,9 +103,18 @@ def ablated(name: str | None) -> Iterator[dict[str, Any]]:
         yield {}
         return
     _, target, replacement = ABLATIONS[name]
-    if isinstance(target, str):
+    if isinstance(target, str) and target in SlaTuning.model_fields:
         yield {target: replacement}
         return
+    if isinstance(target, str):
+        # A parameter of the model, not the deployment's: set where the settings are built.
+        target = (planner_setup, "sla_settings")
+        field, value = ABLATIONS[name][1], replacement
+        replacement = lambda original: (
+            lambda *a, **k: original(*a, **k).model_copy(  # noqa: E731
+                update={field: value}
+            )
+        )
     module, attribute = target
     original = getattr(module, attribute)
     setattr(module, attribute, replacement(original))

@@ -35,7 +35,7 @@ from app.core.fleet_types import FleetMember, FleetSettings, FleetState, Variant
 from app.core.perf.interpolation import PerfModel
 from app.core.sla.capacity import LengthMix, decode_batch_limit, prefill_engines
 from app.core.sla.latency import prior_models
-from app.core.sla.settings import SlaTuning
+from app.core.sla.settings import SlaModel
 from app.core.types import Role
 
 # Capacities are floats: a split covering the need to within this share of an engine is met
@@ -55,21 +55,23 @@ def engine_capacity(
     chunk_tokens: int,
     max_kv_tokens: int | None = None,
     max_num_seqs: int | None = None,
-    tuning: SlaTuning | None = None,
+    attainment_target: float = 0.99,
+    params: SlaModel | None = None,
 ) -> dict[Role, float]:
     """SLA-meeting capacity of one engine per role, read from a profile as SLA scaling reads it
     before any forward pass is seen (its prior latency models), at one request shape.
 
     prefill: the largest token rate at which `prefill_engines` sizes one engine that meets the
-    TTFT target at the tuning's quantile and utilisation bound (bisection: the count grows with
-    the rate). decode: `decode_batch_limit` at the ITL target (× `decode_itl_margin`)."""
-    tuning = tuning or SlaTuning()
+    TTFT target for the attainment target's share of prompts, at the utilisation bound
+    (bisection: the count grows with the rate). decode: `decode_batch_limit` at the ITL target
+    (× `decode_itl_margin`)."""
+    params = params or SlaModel()
     latency = prior_models(
         model,
         chunk_tokens=chunk_tokens,
-        prior_records=tuning.latency_prior_records,
-        caution_z=tuning.latency_caution_z,
-        half_life_s=tuning.latency_half_life_s,
+        prior_records=params.latency_prior_records,
+        caution_z=params.latency_caution_z,
+        half_life_s=params.latency_half_life_s,
     )
     mix = LengthMix.uniform(isl_tokens)
 
@@ -79,8 +81,8 @@ def engine_capacity(
             token_rate_s=rate_tokens_s,
             mix=mix,
             ttft_target_ms=ttft_target_ms,
-            quantile=tuning.quantile,
-            max_utilisation=tuning.prefill_max_utilisation,
+            quantile=attainment_target,
+            max_utilisation=params.prefill_max_utilisation,
             max_engines=1,
         )
         return sizing.engines <= 1 and sizing.meets_target
@@ -101,7 +103,7 @@ def engine_capacity(
         latency.decode,
         isl_tokens=isl_tokens,
         osl_tokens=osl_tokens,
-        itl_target_ms=itl_target_ms * tuning.decode_itl_margin,
+        itl_target_ms=itl_target_ms * params.decode_itl_margin,
         max_kv_tokens=max_kv_tokens or model.decode.data.max_kv_tokens,
         max_num_seqs=max_num_seqs,
     )

@@ -64,7 +64,7 @@ async def test_a_changed_deployments_file_starts_afresh(make_api, caplog) -> Non
     for i in range(3):
         await _tick(first, i)
         first.clock.advance(5)
-    second = await make_api(_config(history_s=900.0), start=first.clock.now() + timedelta(seconds=60))
+    second = await make_api(_config(forecast_cap=3.0), start=first.clock.now() + timedelta(seconds=60))
     with caplog.at_level(logging.INFO, logger="app.workers.loop"):
         await _tick(second, 3)
     assert "not resumed: saved under other settings" in caplog.text

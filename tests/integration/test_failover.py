@@ -68,15 +68,12 @@ def deployments(frontend_url: str) -> dict[str, Any]:
         sla={"ttft_ms": 500, "itl_ms": 50},
         prefill={"min_replicas": 1, "max_replicas": 64},
         decode={"min_replicas": 1, "max_replicas": 64},
-        # No forecast, short windows: the decisions follow the ramp within a few ticks, and the
-        # level history (kept once a trend window was watched) starts after 5 s.
+        # No forecast, 1 s ticks (windows of a few seconds): the decisions follow the ramp within
+        # a few ticks, and the level history (kept once a trend window was watched) starts after 12 s.
         scaling={
             "algorithm": "sla",
             "interval_s": TICK_S,
             "trend": False,
-            "level_window_s": 5.0,
-            "burst_window_s": 2.0,
-            "trend_window_s": 5.0,
         },
         sources={"frontend_url": frontend_url},
     )
@@ -237,6 +234,14 @@ def test_sigkilled_leader_is_replaced_and_nothing_is_lost(database: str, tmp_pat
 
                 # The leader's SLA scaling decides and the orchestrator applies.
                 wait_for(lambda: len(applied_ids(applied)) >= 4, "three SLA decisions applied", *procs)
+
+                def history_stored() -> bool:
+                    with Session(engine) as session:
+                        row = session.get(PlannerStateRow, "demo")
+                    return row is not None and bool(learned(row.state).sla.history)
+
+                # The state to resume holds a level history: a trend window was watched.
+                wait_for(history_stored, "the leader's level history stored", *procs)
                 with Session(engine) as session:
                     before = list(session.scalars(select(Decision).order_by(Decision.decision_id)))
                 wait_for(lambda: len(applied_ids(applied)) > len(before), "the next decision applied", *procs)

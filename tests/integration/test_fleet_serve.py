@@ -56,9 +56,6 @@ def fleet_file(urls: dict[str, str]) -> dict[str, Any]:
                 "algorithm": "sla",
                 "interval_s": TICK_S,
                 "trend": False,
-                "level_window_s": 5.0,
-                "burst_window_s": 2.0,
-                "trend_window_s": 5.0,
             },
             sources={"frontend_url": urls[name]},
         )["deployments"][0]

@@ -15,7 +15,7 @@ from app.core.fleet_variants import Variant, engine_capacity, split_wish, varian
 from app.core.perf.interpolation import PerfModel
 from app.core.sla.capacity import LengthMix, decode_batch_limit, prefill_engines
 from app.core.sla.latency import prior_models
-from app.core.sla.settings import SlaTuning
+from app.core.sla.settings import SlaModel
 from app.fleet_hardware import load_variants, scaled_profile
 from app.sources.profile_files import load_profile
 
@@ -189,7 +189,7 @@ def model():
 
 
 def _cost(m, chunk=8192):
-    t = SlaTuning()
+    t = SlaModel()
     return prior_models(
         m,
         chunk_tokens=chunk,

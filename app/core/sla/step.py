@@ -79,11 +79,6 @@ from app.core.types import Role
 
 def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: SlaSettings) -> SlaResult:
     now = inp.now_s
-    if settings.sizing == "attainment":
-        # One target: the share of prompts sized to meet the TTFT target at a demand, and the
-        # quantile of the requests in flight decode is sized for, are the attainment target too.
-        target = settings.attainment_target
-        settings = settings.model_copy(update={"quantile": target, "decode_peak_quantile": target})
     if state.first_s is None:
         state.first_s = now
     if state.latency is None and model is not None:
