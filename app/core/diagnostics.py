@@ -278,7 +278,9 @@ class SlaRole(Record):
     keep: Num = None  # the count for the scenarios from now to a lead ahead
     keep_held: Flag = None  # the keep horizon leans on the forecast's prior: nothing lowered
     needed_now: Num = None  # the count for the level now alone
-    attainment: Num = None  # expected attainment of the count over the up scenarios (queue model)
+    # expected attainment of the count over the up scenarios (queue model), of every request: a
+    # prompt no count serves is a miss (prefill's unservable_share)
+    attainment: Num = None
     attainment_one_fewer: Num = None  # ... of one engine fewer
     gpus_one_more: Num = None  # GPUs one more engine takes
 

@@ -236,11 +236,24 @@ def attainment_wishes(
             up=up[role],
             keep=kept,
             keep_held=bool(horizons.keep.prior),
-            attainment=_round(_expected(role, chosen, horizons.up, diag[role], seen, queue)),
-            attainment_one_fewer=_round(_expected(role, chosen - 1, horizons.up, diag[role], seen, queue)),
+            attainment=_reported(role, chosen, horizons.up, diag[role], seen, queue),
+            attainment_one_fewer=_reported(role, chosen - 1, horizons.up, diag[role], seen, queue),
             gpus_one_more=gpus.get(role, 1),
         )
     return wish, diag
+
+
+def _reported(
+    role: Role, engines: int, f: Forecast, role_diag: dict[str, Any], seen: Demand, queue: PrefillQueue | None
+) -> float | None:
+    """The expected attainment of `engines` over every request: a prompt no count serves is a miss
+    whatever the count. The count is chosen over the servable ones (`_fewest`), or such prompts
+    would order the maximum."""
+    met = _expected(role, engines, f, role_diag, seen, queue)
+    if met is None:
+        return None
+    unservable = queue.unservable_share if role == "prefill" and queue is not None else 0.0
+    return _round(met * (1.0 - unservable))
 
 
 def _round(value: float | None) -> float | None:
