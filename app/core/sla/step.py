@@ -1,48 +1,37 @@
-"""SLA scaling: the planner's own algorithm (the seed's throughput and load modes are `seed`).
+"""SLA scaling: the planner's own algorithm (docs/scaling.md; the seed's two modes are `seed`).
 
-Every tick (`scaling.interval_s`, 5 s by default) it reads what a controller can read: the
-frontend's traffic since the previous tick (requests, mean ISL and OSL, the ISL histogram), each
-engine's latest forward pass (FPM) and the ready counts. Then, per role:
+Each tick (`scaling.interval_s`) reads the frontend's traffic since the previous tick, each
+engine's latest forward passes (FPM) and the ready counts, and per role decides a count:
 
-1. **What an iteration costs** (`latency`): each role's forward passes refit a linear cost model
-   whose prior is the profile (app/core/sla/latency.py); prefill's is checked against the
-   engines' busy time when every record is there (`capacity_check`). The world-over-profile
-   `scale` is still measured and reported; it no longer sizes anything.
-2. **Lead** (`lead_s`): how long ordered engines took to become ready, measured from the planner's
-   own scale-ups (EWMA); `startup_estimate_s` until it has measured one. The planner sizes for
-   the traffic one lead ahead: engines ordered now serve no sooner.
-3. **Demand**: the request rate of the busiest `burst_window_s` (10 s) of the last
-   `level_window_s` (20 s): a burst longer than the TTFT target builds a queue whatever the
-   minute's mean, and the window follows it within a tick. Or, where more, the smoother
-   `trend_window_s` level raised by its forecast: the peak it reached within one lead in the
-   traffic's own history (the `growth_quantile` of max(level over [t, t + lead]) ÷ the level
-   forecast at t (the level, or where a steady rise was under way, where it was carried) over
-   `history_s`, the larger of two estimates: among the pairs that started nearest the level now,
-   and by a quantile regression on the level, capped at the way back to the history's median
-   level; until that history has `growth_min_points`,
-   `cold_start_growth`) and a ramp under way (the level's slope over max(2 × trend window,
-   lead), carried a lead ahead, up to the history's highest level). The forecast only ever
-   raises the demand.
-   Lengths are the trend window's means and the ISL histogram of the samples kept (`lookback_s`);
-   burstiness is the index of dispersion of the per-tick request counts.
-4. **Wish**: engines for that demand (`app/core/sla/capacity.py`): prefill for the TTFT target
-   including queueing (bursts and the prompt-length mix) and the prompts queued now, plus, while
-   the engines are behind, what that queue gains before engines ordered now serve
-   (`backlog_growth`); decode takes the prompts the queue's drain sends it too; decode for
-   the ITL target by Little's law at the `decode_peak_quantile` of the requests in flight,
-   against the largest batch meeting `decode_itl_margin` × the target (at the context the
-   engines hold, when longer), at the pace that batch iterates (or the engines do now, if
-   slower); decode also for the requests the engines actually hold or queue
-   now, when that is more. Prompts no count can serve are counted and left out. In a quiet
-   period, what a likely return needs is kept (app/core/sla/quiet.py).
-5. **Target**: up at once to the wish; down only to the highest wish of the scale-down window
-   (`scale_down_window_s`, or `scale_down_window_leads` measured leads when that is longer), not
-   before the planner has watched a full window, and not before the headroom is learned: the
-   headroom, not the window, covers the lead.
+1. **Engines** (learners.py, latency.py): the forward passes refit each role's iteration cost,
+   whose prior is the profile; beyond what the engines have shown it is read high. The lead is
+   how long the planner's own scale-ups took to become ready (`startup_estimate_s` until then).
+2. **Demand seen**: the busiest 2-tick burst of the last 4 ticks, the 12-tick trend level, the
+   prompt-length mix and the arrivals' burstiness (demand.py).
+3. **Forecast and count**, by `scaling.sizing`:
+   - `attainment` (decide.py, forecast.py, attainment.py): demand scenarios for two horizons,
+     `up` ([lead, lead + tick]: what engines ordered now serve) and `keep` ([0, lead + tick]: an
+     engine released now is back no sooner), from the traffic's
+     own history of (level, peak within the horizon) pairs nearest the level now, in absolute
+     units and at most `forecast_cap` times the history's peak. Per role, the count that
+     serves the scenarios' request-weighted `sla.attainment_target` quantile, lowered while one
+     fewer still has an expected attainment (queue model, each scenario weighted by the
+     requests it brings) at or above the target. The count is the larger of the up count and
+     the current count lowered no further than the keep count.
+   - `headroom` (demand.py, wish.py, quiet.py): the level raised by a learned headroom (the
+     quantile of how far the level rose within a lead), a ramp under way and a surge; kept in
+     quiet periods while a return is likely; lowered only to the highest wish of the
+     scale-down window.
+4. **Counts for a demand** (wish.py, decode_wish.py, capacity.py): prefill for the TTFT target
+   as an M/G/c queue of the length mix at most 0.9 busy, plus the backlog queued now and what
+   it gains before ordered engines serve; decode by Little's law at the attainment target's
+   quantile of the requests in flight, against the largest batch meeting the ITL target, and
+   never below what the engines hold now. Prompts no count serves are set aside and reported.
+5. **Target** (this module): up at once; down as the sizing says; scale to zero when enabled.
 
-Nothing here reads the clock: `now_s` comes with the input. State (the samples, wishes and
-measured scales, `SlaState`) is an explicit object: `sla_step` changes the one it is given, and the
-core planner (app/core/planner.py) gives it a copy, adopted once the tick is stored.
+The tick's diagnostics say every step's figures (app/core/diagnostics.py). Nothing here reads the
+clock: `now_s` comes with the input. `sla_step` changes the `SlaState` it is given; the core
+planner (app/core/planner.py) gives it a copy, adopted once the tick is stored.
 """
 
 from __future__ import annotations
