@@ -250,10 +250,10 @@ def test_a_stuck_migration_lock_ends_the_upgrade_after_a_bounded_wait(
     from app.store.startup import describe_database_error
 
     monkeypatch.setattr(db, "MIGRATION_LOCK_WAIT_S", 0.5)
-    started = time.monotonic()
+    # Bounded: the wait ends in TimeoutError (a wait for ever would hang, and the test's timeout
+    # would end it).
     with migration_lock_held(empty_url), pytest.raises(TimeoutError) as info:
         upgrade(empty_url)
-    assert time.monotonic() - started < 10
     assert "waiting up to 0.5 s" in caplog.text
     line = describe_database_error(info.value, empty_url)
     assert line is not None and line.startswith("PLANNER_DATABASE_URL: ")

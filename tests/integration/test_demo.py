@@ -565,10 +565,10 @@ def test_publisher_never_blocks_on_a_slow_subscriber() -> None:
             assert time.monotonic() < deadline, "the subscriber never received anything"
             publisher.publish(fpm_record("decode-1"))
             time.sleep(0.01)
-        started = time.monotonic()
+        # Publishing returns whatever the subscriber reads (a blocking publish would hang here,
+        # and the test's timeout would end it): the excess is dropped and counted.
         for _ in range(50_000):  # more than the HWMs and the loopback socket buffers hold
             publisher.publish(fpm_record("decode-1"))
-        assert time.monotonic() - started < 30
         assert publisher.dropped > 0
         assert publisher.sent + publisher.dropped >= 50_000
     finally:
