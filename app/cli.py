@@ -527,10 +527,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the command the arguments chose (`db upgrade`'s for `db upgrade`)."""
+    for dest in ("command", "db_command"):
+        commands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, dest, None)
+        if not commands or name is None:
+            break
+        parser = commands[0].choices[name]
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     from app.serving import StartupError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # Named by the command they were given to, with its usage, not the top level's.
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         settings = load_settings()
         configure_logging(settings.log_level, settings.log_format)

@@ -25,7 +25,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.core.sla.settings import SlaTuning
 from app.core.types import Mode, Role, RoleBounds, roles_for_mode
-from app.validation_messages import describe_validation_error
+from app.validation_messages import describe_validation_error, message
 
 log = logging.getLogger(__name__)
 
@@ -637,4 +637,4 @@ def load_settings() -> Settings:
     except ValidationError as exc:
         first = exc.errors()[0]
         field = "PLANNER_" + str(first["loc"][0]).upper() if first["loc"] else "PLANNER_*"
-        raise ConfigError(f"{field}: {first['msg']}") from None
+        raise ConfigError(f"{field}: {message(first)}") from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -69,6 +70,16 @@ def _spelled(model: type[BaseModel] | None, loc: tuple[Any, ...]) -> str:
     return location(_walk(model, loc)[1] if model is not None else loc)
 
 
+def message(error: Mapping[str, Any]) -> str:
+    """A pydantic error's message without pydantic's prefix for a validator's own words ("Value
+    error, must start with ..."): the validator's sentence is the message."""
+    msg = str(error["msg"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            return msg[len(prefix) :]
+    return msg
+
+
 def describe_validation_error(source: str, err: ValidationError, model: type[BaseModel] | None = None) -> str:
     errors = err.errors()
     unknown = [e for e in errors if e["type"] == "extra_forbidden"]
@@ -76,7 +87,7 @@ def describe_validation_error(source: str, err: ValidationError, model: type[Bas
         first = errors[0]
         more = len(errors) - 1
         where = _spelled(model, tuple(first["loc"]))
-        return f"{source}: {where}: {first['msg']}" + (f" (and {more} more)" if more else "")
+        return f"{source}: {where}: {message(first)}" + (f" (and {more} more)" if more else "")
     first = unknown[0]
     parent, key = tuple(first["loc"][:-1]), str(first["loc"][-1])
     missing = [str(e["loc"][-1]) for e in errors if e["type"] == "missing" and tuple(e["loc"][:-1]) == parent]

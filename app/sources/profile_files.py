@@ -63,7 +63,10 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
     try:
         archive = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise ProfileError(str(path), None, f"not a readable NPZ archive ({_first_line(exc)})") from None
+        # numpy's own message for a file that is not an archive is advice to unpickle it, which a
+        # profile never needs: say what the file is not.
+        reason = "not a zip archive" if "pickle" in str(exc) else _first_line(exc)
+        raise ProfileError(str(path), None, f"not a readable NPZ archive ({reason})") from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise ProfileError(str(path), None, "a single .npy array, not an NPZ archive of named arrays")
     out: dict[str, np.ndarray] = {}

@@ -163,6 +163,22 @@ FAIL_CASES = [
         "PLANNER_DATABASE_URL: {tmp}/planner.db: migration: Can't locate revision identified by 'nonsense'",
         2,
     ),
+    FailCase(
+        "replay_unknown_flag",
+        "a flag replay does not know is replay's one line, not the top level's usage",
+        ("replay", "--workload", "diurnal", "--out", "{tmp}/out", "--bogus"),
+        {},
+        "unrecognized arguments: --bogus",
+        2,
+    ),
+    FailCase(
+        "bad_database_url",
+        "the validator's sentence, without pydantic's 'Value error, ' before it",
+        ("serve",),
+        {"PLANNER_DATABASE_URL": "notaurl"},
+        "PLANNER_DATABASE_URL: must start with sqlite:/// or postgresql://",
+        2,
+    ),
 ]
 
 

@@ -636,11 +636,11 @@ BROKEN = [
     ),
     Broken(
         "not-a-zip",
-        "a corrupted upload",
+        "a corrupted upload: what the file is not, never numpy's advice to unpickle it",
         _garbage_prefill,
         "{tmp}/live/selected_prefill_interpolation/raw_data.npz",
         None,
-        "not a readable NPZ archive (",
+        "not a readable NPZ archive (not a zip archive)",
     ),
     Broken(
         "truncated-zip",
