@@ -28,7 +28,7 @@ DEMO_ARGS ?=
 run: $(STAMP)
 	$(BIN)/planner demo --trace $(DEMO_TRACE) $(DEMO_ARGS)
 
-# The service alone, on $(PLANNER_CONFIG) (what `make run` did before the demo).
+# The service alone, on $(PLANNER_CONFIG).
 serve: $(STAMP)
 	$(BIN)/planner serve
 

@@ -58,7 +58,7 @@ def problem(
 
 _PROBLEM_CONTENT = {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}
 _DESCRIPTIONS = {
-    400: "The body cannot be parsed (not UTF-8, not JSON)",
+    400: "The body is not text (not UTF-8); invalid JSON is a 422",
     401: "Missing or unknown bearer token",
     403: "The token's role is too low, or no tokens are configured and the caller is not local",
     404: "An unknown deployment, decision or override",

@@ -223,12 +223,13 @@ def propose_decision(
     if outcome.verdict != Verdict.CREATE:
         return ProposalResult(outcome, None, None)
 
-    if outcome.retire_latest_as is not None and latest is not None:
-        latest.status = str(outcome.retire_latest_as)
-        latest.status_reason = outcome.reason
     state = session.get(DeploymentState, deployment)
     assert state is not None  # lock_deployment proved the row exists
     state.last_decision_id += 1
+    if outcome.retire_latest_as is not None and latest is not None:
+        # Said on the retired decision: which one replaced it, and why.
+        latest.status = str(outcome.retire_latest_as)
+        latest.status_reason = f"replaced by decision {state.last_decision_id}: {outcome.reason}"
     decision = Decision(
         deployment=deployment,
         decision_id=state.last_decision_id,

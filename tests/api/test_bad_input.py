@@ -48,6 +48,8 @@ CASES = [
     # --- POST /override ---
     Case("override-malformed-json", "POST", "/override", 422, "body", content=b'{"deployment": "demo",'),
     Case("override-not-json", "POST", "/override", 422, "body", content=b"action=pin"),
+    # Bytes that are not text at all cannot reach the JSON parser: 400, still naming the body.
+    Case("override-not-utf8", "POST", "/override", 400, "body", content=b'{"reason": "\xff\xfe"}'),
     Case("override-empty-body", "POST", "/override", 422, "body", content=b""),
     Case("override-null-body", "POST", "/override", 422, "body", content=b"null"),
     Case("override-list-body", "POST", "/override", 422, "body", json=[PIN]),

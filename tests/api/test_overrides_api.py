@@ -73,7 +73,7 @@ async def test_second_pin_supersedes_an_unacknowledged_one(make_api):
     first = await get_decision(api, 1)
     assert (first["status"], first["status_reason"]) == (
         "superseded",
-        "override supersedes unacknowledged decision 1",
+        "replaced by decision 2: override supersedes unacknowledged decision 1",
     )
     assert (await get_decision(api, 2))["status"] == "pending"
     # the first pin override was replaced by the second

@@ -142,7 +142,7 @@ def test_waiter_is_woken_by_a_pin_and_a_later_pin_supersedes(
 
         two = expect(client.get("/decisions/2", headers=VIEWER), 200, proc)
         assert two["status"] == "superseded"
-        assert two["status_reason"] == "override supersedes unacknowledged decision 2"
+        assert two["status_reason"] == "replaced by decision 3: override supersedes unacknowledged decision 2"
         assert two["completed_at"] is None
         three = expect(client.get("/decisions/3", headers=VIEWER), 200, proc)
         assert three["status"] == "pending"
