@@ -287,7 +287,7 @@ def check_output_folder(out: Path) -> None:
 
 
 def run_command(args: Any, *, started_s: float | None = None) -> int:
-    """`planner replay` (arguments parsed by app/cli.py; the output folder already checked).
+    """`planner replay` (arguments parsed by app/cli/replay.py; the output folder already checked).
     `started_s`: when the command started (`time.perf_counter()`), so that the wall time it
     reports is the whole command's, loading and writing included."""
     from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
