@@ -573,7 +573,7 @@ class Demo:
         if self.service is not None:
             service_status = await self.service.stop(STOP_TIMEOUT_S)
         final = {"demo": "stopped", "reason": self.stop_reason, **self.state(), "summary": self.summary}
-        final["planner_exit_status"] = service_status
+        final["planner"] = service_outcome(service_status)
         endpoints = final["fpm"].pop("endpoints")
         final["fpm"]["endpoint_count"] = len(endpoints)
         await self.frontend.close()
@@ -582,6 +582,18 @@ class Demo:
         if self.tmp_dir is not None:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
         self.out(json.dumps(final))
+
+
+def service_outcome(status: int | None) -> str:
+    """How the planner service ended, in words: the demo stops it with SIGTERM, so a SIGTERM
+    status is the clean stop it asked for, not a failure."""
+    if status is None:
+        return "not started"
+    if status in (0, -signal.SIGTERM):
+        return "stopped"
+    if status == -signal.SIGKILL:
+        return f"killed: it did not stop within {STOP_TIMEOUT_S:g} s"
+    return f"exited with status {status}"
 
 
 class SimulatorError(Exception):
