@@ -1,4 +1,4 @@
-"""The demo's last line says how the planner service ended in words, not as a raw status."""
+"""The demo's status and last lines say how the clock and the planner service are doing, in words."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from app.sim.demo import service_outcome
+from app.sim.demo import clock_note, service_outcome
 
 
 @pytest.mark.parametrize(
@@ -21,3 +21,18 @@ from app.sim.demo import service_outcome
 )
 def test_the_service_outcome_in_words(status: int | None, said: str, why: str) -> None:
     assert service_outcome(status) == said, why
+
+
+@pytest.mark.parametrize(
+    "rate, speed, said, why",
+    [
+        (10.0, 10.0, None, "at the asked speed there is nothing to say"),
+        (9.9, 10.0, None, "within 5% of it: the slice's jitter, not a clock falling behind"),
+        (9.4, 10.0, "clock ×9.4 of ×10 asked: the simulation cannot keep up", "both speeds, told apart"),
+        (2.35, 20.0, "clock ×2.35 of ×20 asked: the simulation cannot keep up", "three digits"),
+    ],
+)
+def test_the_status_line_says_when_the_clock_falls_behind(
+    rate: float, speed: float, said: str | None, why: str
+) -> None:
+    assert clock_note(rate, speed) == said, why
