@@ -40,6 +40,7 @@ from plotly.subplots import make_subplots
 from app.core.diagnostics import Forecast, ObservedTraffic, TickDiagnostics, finite_number
 from app.core.seed.load_types import LoadReason
 from app.core.sla.types import SlaReason
+from app.plotting import LOG_AXIS
 
 # A series breaks where consecutive points are this many times further apart than its usual
 # spacing: a planner that was down must not draw a straight line across the outage.
@@ -827,7 +828,7 @@ def _build_figure(ticks: list[_Tick], sla: tuple[float, float]) -> tuple[go.Figu
         (ESTIMATED_ITL, "ITL target", itl_ms),
     ):
         _target_line(fig, panel, f"{name} {value:g} ms", value, x0, x1)
-        fig.update_yaxes(type="log", row=panel, col=1)
+        fig.update_yaxes(type="log", row=panel, col=1, **LOG_AXIS)
 
     _engine_panels(fig, ticks, x0, x1)
     _regression_panel(fig, ticks, _median_spacing([t for t in ticks if t.samples]))

@@ -17,6 +17,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from app.plotting import LOG_AXIS
 from app.sim.cluster import ReplicaSample
 from app.sim.request_table import RequestTable, request_table
 from app.sim.results import DecisionEvent, OracleStep, ReplayResult
@@ -229,7 +230,7 @@ def _build_figure(result: ReplayResult, table: RequestTable) -> go.Figure:
             row=row,
             col=1,
         )
-        fig.update_yaxes(type="log", title_text="ms", row=row, col=1)
+        fig.update_yaxes(type="log", title_text="ms", row=row, col=1, **LOG_AXIS)
 
     # (6) decisions
     initial = {}

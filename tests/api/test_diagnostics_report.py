@@ -459,3 +459,13 @@ def test_seed_ticks_get_no_sla_panels_and_empty_panels_say_why():
     empty = [a.text for a in fig.layout.annotations if a.text.startswith("no data")]
     assert len(empty) == 11, empty
     assert "no data: load scaling did not run in these ticks" in empty
+
+
+def test_log_axes_label_decades_only():
+    # A label per decade, the digits between as unlabelled minor ticks: Plotly's default labels
+    # read "1000, 5, 2, 100, 5".
+    fig, _ = _build_figure([_read(at, rec) for at, rec in sla_ticks()], SLA)
+    log_axes = [axis for name, axis in fig.layout.to_plotly_json().items() if name.startswith("yaxis")]
+    log_axes = [a for a in log_axes if a.get("type") == "log"]
+    assert len(log_axes) == 4
+    assert all(a["dtick"] == 1 and a["minor"]["dtick"] == "D1" for a in log_axes), log_axes

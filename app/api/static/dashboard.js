@@ -16,7 +16,7 @@
 
   const CHARTS = [
     { id: "rate", title: "Load: request rate (req/s)", y: "req/s" },
-    { id: "replicas", title: "Replicas per role: ready as the planner knows it (solid), target (dotted), fleet grant (dash-dot)", y: "engines" },
+    { id: "replicas", title: "Replicas: ready (solid), target (dotted), fleet grant (dash-dot)", y: "engines" },
     { id: "ttft", title: "TTFT (ms), observed mean against the target", y: "ms", log: true },
     { id: "itl", title: "ITL (ms), observed mean against the target", y: "ms", log: true },
     { id: "wishes", title: "SLA scaling: wish (solid) and need (dotted) per role", y: "engines" },
@@ -286,7 +286,11 @@
         title: { text: spec.title, font: { size: 13 }, x: 0.01, xanchor: "left" },
         margin: { l: 55, r: 10, t: 32, b: 32 },
         xaxis: { type: "date" },
-        yaxis: { title: { text: spec.y }, type: spec.log ? "log" : "linear", rangemode: spec.log ? undefined : "tozero" },
+        yaxis: spec.log
+          // A label per decade; the digits between are unlabelled minor ticks (Plotly's default
+          // labels them "2" and "5", which read as values).
+          ? { title: { text: spec.y }, type: "log", dtick: 1, minor: { dtick: "D1", ticks: "outside", showgrid: true } }
+          : { title: { text: spec.y }, type: "linear", rangemode: "tozero" },
         legend: { orientation: "h", y: -0.18, font: { size: 10 } },
         showlegend: true,
         template: "plotly_white",

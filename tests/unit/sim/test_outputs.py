@@ -25,10 +25,12 @@ from app.sim.report import (
     MIXED,
     SCALE_DOWN,
     SCALE_UP,
+    _build_figure,
     binned_percentiles,
     decision_kinds,
     render_report,
 )
+from app.sim.request_table import request_table
 from app.sim.results import DecisionEvent, OracleStep, ReplayResult
 
 TTFT_TARGET_MS = 250.0
@@ -285,6 +287,15 @@ def test_report_is_one_self_contained_escaped_page() -> None:
     assert "25.00 %" in page
     assert "1.250" in page
     assert "3 (prefill 2, decode 1), churn 4" in page
+
+
+def test_the_latency_panels_label_decades_only() -> None:
+    # The same log axis as the live report (app/plotting.py): a label per decade.
+    result = _result()
+    fig = _build_figure(result, request_table(result.requests, TTFT_TARGET_MS, ITL_TARGET_MS))
+    layout = fig.layout.to_plotly_json()
+    axes = [a for n, a in layout.items() if n.startswith("yaxis") and a.get("type") == "log"]
+    assert axes and all(a["dtick"] == 1 and a["minor"]["dtick"] == "D1" for a in axes), axes
 
 
 def test_decision_kinds_compare_with_the_target_in_force() -> None:
