@@ -38,8 +38,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	@set -e; for f in bench/*.py; do \
 		[ -e "$$f" ] || continue; \
-		echo "== $$f"; \
-		$(BIN)/python "$$f"; \
+		name=$$(basename "$$f" .py); \
+		[ "$$name" != __init__ ] || continue; \
+		echo "== python -m bench.$$name"; \
+		$(BIN)/python -m "bench.$$name"; \
 	done
 
 lint: $(STAMP)

@@ -20,7 +20,7 @@ The load comes from one asyncio process on the same machine, speaking HTTP/1.1 o
 streams (bench/longpoll.py's raw client). Goals: the page at 0.5x healthz or better, wake-up p99
 under 100 ms.
 
-    .venv/bin/python bench/api.py [--backend sqlite|postgresql] [--clients 32] [--seconds 5]
+    .venv/bin/python -m bench.api [--backend sqlite|postgresql] [--clients 32] [--seconds 5]
         [--waiters 500] [--rounds 3]
 
 Prints a markdown table and writes bench/results/api.json.
@@ -40,12 +40,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
+import httpx
 
-import httpx  # noqa: E402
-
-from bench.longpoll import (  # noqa: E402
+from bench.longpoll import (
     OPER,
     ORCH,
     TOKENS,
@@ -55,7 +52,7 @@ from bench.longpoll import (  # noqa: E402
     pin,
     wake_round,
 )
-from tests.support import (  # noqa: E402
+from bench.service import (
     PG_ENV,
     PlannerProcess,
     PostgresDatabases,
@@ -64,6 +61,8 @@ from tests.support import (  # noqa: E402
     postgres_admin_url,
     write_config,
 )
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 RESULTS = REPO_ROOT / "bench" / "results" / "api.json"
 PAGE_DECISIONS = 50

@@ -15,7 +15,7 @@ quiet minute), or it misses part of the record's first start-up in A. The fixed 
 the planner in A are chosen knowing the record comes; the table shows what the same counts give
 in B, and the planner in both.
 
-    .venv/bin/python bench/burst_bound.py [--workloads code-bursts-spread,code-bursts-clustered]
+    .venv/bin/python -m bench.burst_bound [--workloads code-bursts-spread,code-bursts-clustered]
         [--sizing headroom|attainment]
 """
 
@@ -23,20 +23,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from collections import Counter
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from app.core.traces import TraceRequest  # noqa: E402
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides  # noqa: E402
-from app.sim.policies import FixedPolicy  # noqa: E402
-from app.sim.replay import World, build_world, make_policy, run_policy  # noqa: E402
-from app.sim.request_table import request_table  # noqa: E402
-from app.sim.workload import build_workload  # noqa: E402
-from bench.fixed_frontier import sweep, sweep_ranges  # noqa: E402
+from app.core.traces import TraceRequest
+from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.policies import FixedPolicy
+from app.sim.replay import World, build_world, make_policy, run_policy
+from app.sim.request_table import request_table
+from app.sim.workload import build_workload
+from bench.fixed_frontier import sweep, sweep_ranges
 
 MINUTE_S = 60.0
 RECORD_RATIO = 1.2  # a record: this much above every earlier minute (smaller is the traffic's noise)

@@ -9,7 +9,7 @@ off (the truth already holds any ramp). Everything else is the planner as shippe
 measures (the 120 s estimate until its first scale-up is ready), the busiest 10 s, the queueing
 model, the 60 s scale-down window. This is an experiment, not a policy: it reads the future.
 
-    .venv/bin/python bench/clairvoyant_headroom.py [--workers 2]
+    .venv/bin/python -m bench.clairvoyant_headroom [--workers 2]
 
 Prints a markdown table (truth scale 1.0, start-up delays 30, 120 and 300 s, both workloads) and
 writes bench/results/clairvoyant_headroom.json.
@@ -19,22 +19,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+import app.core.sla.demand as sla_demand
+import app.core.sla.step as sla_step
+from app.core.sla.types import Growth
+from bench.replay_quality import DELAYS_S, WORKLOADS, run_cell, workload
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from replay_quality import DELAYS_S, WORKLOADS, run_cell, workload  # noqa: E402
-
-import app.core.sla.demand as sla_demand  # noqa: E402
-import app.core.sla.step as sla_step  # noqa: E402
-from app.core.sla.types import Growth  # noqa: E402
 
 LEVEL_S = 60.0  # the planner's trend window
 STEP_S = 5.0

@@ -3,7 +3,7 @@ with Dynamo's planner and fixed allocations, on the same mocker world.
 
 Runs under the Dynamo venv (`make dynamo-venv` makes it):
 
-    .venv-dynamo/bin/python bench/dynamo_replay.py [--quick | --minutes N]
+    .venv-dynamo/bin/python -m bench.dynamo_replay [--quick | --minutes N]
         [--workloads a,b] [--policies planner,dynamo,fixed[,first-order]] [--orders 8/4,...]
         [--sizing headroom|attainment] [--start 2/1] [--fpm heartbeat|last-record]
         [--jobs 2] [--out FILE]
@@ -62,11 +62,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 BENCH = Path(__file__).resolve().parent
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
 
 PROFILE = REPO / "data" / "profiles" / "h200-llama3.1-8b-fp8"
 REPLAY_CONFIG = REPO / "examples" / "replay.yaml"
@@ -391,7 +387,8 @@ def run_one(spec: RunSpec) -> RunResult:
 
     logging.disable(logging.WARNING)
     from dynamo._core import run_mocker_trace_replay
-    from dynamo_adapter import FpmCache, PlannerScalingPolicy
+
+    from bench.dynamo_adapter import FpmCache, PlannerScalingPolicy
 
     workload = WORKLOADS[spec.workload]
     kwargs = dict(
@@ -566,7 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not dynamo_available():
         print(
             "dynamo_replay: NVIDIA Dynamo 1.6.1 is not importable here; install it with "
-            "`make dynamo-venv`, then run `.venv-dynamo/bin/python bench/dynamo_replay.py`"
+            "`make dynamo-venv`, then run `.venv-dynamo/bin/python -m bench.dynamo_replay`"
         )
         return 0
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -722,7 +719,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dumps(
             {
                 "command": " ".join(
-                    ["bench/dynamo_replay.py", *(argv if argv is not None else sys.argv[1:])]
+                    ["python", "-m", "bench.dynamo_replay", *(argv if argv is not None else sys.argv[1:])]
                 ),
                 "minutes": minutes,
                 "wall_s": wall,

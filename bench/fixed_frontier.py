@@ -34,7 +34,7 @@ planner. Replays are cached in-process per cell and count (`bench/replay_quality
 
 Run alone, this prints the frontier columns again from a saved matrix:
 
-    .venv/bin/python bench/fixed_frontier.py [bench/results/replay_quality.json]
+    .venv/bin/python -m bench.fixed_frontier [bench/results/replay_quality.json]
 """
 
 from __future__ import annotations
@@ -43,15 +43,12 @@ import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from app.sim.policies import FixedPolicy  # noqa: E402
-from app.sim.replay import World, make_policy, run_policy  # noqa: E402
-from app.sim.results import ReplayResult  # noqa: E402
+from app.sim.policies import FixedPolicy
+from app.sim.replay import World, make_policy, run_policy
+from app.sim.results import ReplayResult
+from bench.matrix_results import saved_rows
 
 # "Beaten on both axes": a fixed count with attainment at most BEATEN_ATTAINMENT_SLACK lower
 # than the planner's at BEATEN_COST_SAVING fewer GPU-hours or more, or BEATEN_ATTAINMENT_GAIN
@@ -429,8 +426,6 @@ def format_fixed_summary(summary: Mapping[str, list[str]], low_attainment: float
 
 
 def main(argv: Sequence[str]) -> int:
-    from bench.miss_causes import saved_rows
-
     path, rows, status = saved_rows(argv)
     if rows is None:
         return status
@@ -444,7 +439,7 @@ def main(argv: Sequence[str]) -> int:
             f"| {name} {world} {delay_s:g} s | {mine} | " + " | ".join(frontier_entries(by_policy)) + " |"
         )
     if len(lines) == 2:
-        print(f"no fixed-count runs in {path}: run bench/replay_quality.py with --policies ...,fixed")
+        print(f"no fixed-count runs in {path}: run python -m bench.replay_quality with --policies ...,fixed")
         return 0
     print("\n".join(lines))
     return 0

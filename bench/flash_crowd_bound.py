@@ -21,22 +21,17 @@ clairvoyant oracle's plan (the replay's, in the `profile` world) is raised from 
 engines it bills for the crowd, until it bills them itself; the GPU-hours that adds, over the
 oracle's, is the least a causal policy that serves the crowd's first start-up pays.
 
-    .venv/bin/python bench/flash_crowd_bound.py
+    .venv/bin/python -m bench.flash_crowd_bound
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides  # noqa: E402
-from app.sim.replay import build_world  # noqa: E402
-from app.sim.workload import build_workload  # noqa: E402
+from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.replay import build_world
+from app.sim.workload import build_workload
 
 TICK_S = 5.0
 DELAYS_S = (30.0, 120.0, 300.0)

@@ -21,7 +21,7 @@ it with `--scenarios tight`); `tight-reversed` is `reversed` with 12 GPUs (a hel
 the fleet step's rules under a binding budget with the priorities swapped). Traces at a quarter
 of their workload's rate, the first 25 minutes; start-up delay 120 s.
 
-    .venv/bin/python bench/fleet.py [--scenarios example,reversed] [--policies fleet,equal,fcfs,oracle]
+    .venv/bin/python -m bench.fleet [--scenarios example,reversed] [--policies fleet,equal,fcfs,oracle]
         [--trace-seed N]
 
 Prints one markdown table per scenario: per deployment, SLO attainment, GPU-hours, GPU-hours over
@@ -36,10 +36,9 @@ import dataclasses
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from app.sim.fleet import FLEET_POLICIES, fleet_summary, load_fleet_config, run_fleet
 
-from app.sim.fleet import FLEET_POLICIES, fleet_summary, load_fleet_config, run_fleet  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 EXAMPLE = ROOT / "examples" / "fleet.yaml"
 # Below the 18 GPUs the fleet oracle needs at once for these traces (docs/fleet.md), above the

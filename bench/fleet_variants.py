@@ -6,7 +6,7 @@ flash crowd at a quarter of its rate, first 25 minutes, start-up delay 120 s) th
 - `h200 only, 4`: no variants, the same 4 H200 GPUs;
 - `h200 only, 28`: no variants, as many GPUs as both budgets together.
 
-    .venv/bin/python bench/fleet_variants.py
+    .venv/bin/python -m bench.fleet_variants
 
 Prints one markdown row per run: SLO attainment, GPU-hours (per variant), cost (H200 GPU-hours at
 3.50 when there are no variants), the fleet oracle's GPU-hours, peak billed GPUs and grant changes.
@@ -18,10 +18,9 @@ import dataclasses
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from app.sim.fleet import fleet_summary, load_fleet_config, run_fleet
 
-from app.sim.fleet import fleet_summary, load_fleet_config, run_fleet  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 EXAMPLE = ROOT / "examples" / "fleet-variants.yaml"
 H200_PRICE = 3.50  # the example's price of its own variant

@@ -26,7 +26,7 @@ record per engine only; its trainable buffer is bounded (10,000 records).
 On 2 CPUs the publisher, the receiver and ZMQ's I/O threads of both share the cores; the
 publisher's own send rate is reported so a publisher-bound run is visible.
 
-    .venv/bin/python bench/fpm_ingest.py [--messages 5000000] [--repeats 1]
+    .venv/bin/python -m bench.fpm_ingest [--messages 5000000] [--repeats 1]
 
 Prints a markdown table and writes bench/results/fpm_ingest.json.
 """
@@ -45,14 +45,13 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import msgpack
+import zmq
+
+from app.core.perf.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics
+from app.sources.fpm import DEFAULT_RCVHWM, FpmSubscriber
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
-import msgpack  # noqa: E402
-import zmq  # noqa: E402
-
-from app.core.perf.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics  # noqa: E402
-from app.sources.fpm import DEFAULT_RCVHWM, FpmSubscriber  # noqa: E402
 
 RESULTS = REPO_ROOT / "bench" / "results" / "fpm_ingest.json"
 ENGINES = 64
@@ -199,7 +198,7 @@ def receive_subscriber(endpoint: str, messages: int) -> dict[str, Any]:
 
 def run_child(args: list[str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, __file__, *args], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "bench.fpm_ingest", *args], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
     )
 
 

@@ -9,7 +9,7 @@
     scales 1.0 and 1.2 (settings of examples/replay.yaml otherwise): SLO attainment, GPU-hours,
     GPU-hours over the oracle, scaling actions.
 
-    .venv/bin/python bench/load_scaling.py [--ticks 200] [--workers 2] [--skip-replay]
+    .venv/bin/python -m bench.load_scaling [--ticks 200] [--workers 2] [--skip-replay]
 
 Prints markdown tables and writes bench/results/load_scaling.json.
 """
@@ -26,20 +26,19 @@ from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from app.core.perf.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics
+from app.core.seed.load import load_step
+from app.core.seed.load_models import LoadModels
+from app.core.seed.load_types import LoadInput, LoadSettings
+from app.core.types import RoleBounds
+from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.outputs import summarize
+from app.sim.replay import build_world, make_policy, run_policy
+from app.sim.workload import expand_rate
+from app.sources.profile_files import load_profile
+from app.sources.traces import load_trace
 
-from app.core.perf.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics  # noqa: E402
-from app.core.seed.load import load_step  # noqa: E402
-from app.core.seed.load_models import LoadModels  # noqa: E402
-from app.core.seed.load_types import LoadInput, LoadSettings  # noqa: E402
-from app.core.types import RoleBounds  # noqa: E402
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides  # noqa: E402
-from app.sim.outputs import summarize  # noqa: E402
-from app.sim.replay import build_world, make_policy, run_policy  # noqa: E402
-from app.sim.workload import expand_rate  # noqa: E402
-from app.sources.profile_files import load_profile  # noqa: E402
-from app.sources.traces import load_trace  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 H200 = ROOT / "data" / "profiles" / "h200-llama3.1-8b-fp8"
 AZURE = ROOT / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"

@@ -15,7 +15,7 @@ HTTP/1.1 over plain asyncio streams (`--client raw`): httpx's connection pool ne
 hand 500 simultaneous responses to their callers, so with `--client httpx` (one
 `httpx.AsyncClient` allowing waiters + 100 connections) the figures mostly measure the client.
 
-    .venv/bin/python bench/longpoll.py [--waiters 500] [--rounds 3] [--seconds 5] [--client raw|httpx]
+    .venv/bin/python -m bench.longpoll [--waiters 500] [--rounds 3] [--seconds 5] [--client raw|httpx]
 
 Prints a markdown table and writes bench/results/longpoll.json.
 """
@@ -37,12 +37,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
+import httpx
 
-import httpx  # noqa: E402
-
-from tests.support import (  # noqa: E402
+from bench.service import (
     PG_ENV,
     PlannerProcess,
     PostgresDatabases,
@@ -51,6 +48,8 @@ from tests.support import (  # noqa: E402
     postgres_admin_url,
     write_config,
 )
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 TOKENS = "viewer:bench-viewer-1,orchestrator:bench-orch-1,operator:bench-oper-1"
 VIEWER = {"Authorization": "Bearer bench-viewer-1"}

@@ -8,13 +8,10 @@ import datetime
 import os
 import platform
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.fixed_frontier import (  # noqa: E402
+from bench.fixed_frontier import (
     FRONTIER_COLUMNS,
     fixed_summary,
     format_fixed_summary,

@@ -18,28 +18,25 @@ Ticks and timelines are step functions: a value holds until the next change.
 `bench/replay_quality.py` adds the breakdown to each planner row and prints it for the cells that
 miss; run alone, this prints that table again from a saved matrix:
 
-    .venv/bin/python bench/miss_causes.py [bench/results/replay_quality.json]
+    .venv/bin/python -m bench.miss_causes [bench/results/replay_quality.json]
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from app.core.sla.value import present_need  # noqa: E402
-from app.sim.cluster import ROLES  # noqa: E402
-from app.sim.outputs import unservable_mask  # noqa: E402
-from app.sim.request_table import RequestTable  # noqa: E402
-from app.sim.results import ReplayResult  # noqa: E402
-from app.sim.truth import TruthModel  # noqa: E402
+from app.core.sla.value import present_need
+from app.sim.cluster import ROLES
+from app.sim.outputs import unservable_mask
+from app.sim.request_table import RequestTable
+from app.sim.results import ReplayResult
+from app.sim.truth import TruthModel
+from bench.matrix_report import goal_summary
+from bench.matrix_results import saved_rows
 
 
 def _role_steps(result: ReplayResult, role: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -172,24 +169,7 @@ def _ratio(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
 
 
-def saved_rows(argv: Sequence[str]) -> tuple[Path, list[dict] | None, int]:
-    """A saved matrix's rows (the path in `argv`, else bench/replay_quality.py's default), or None
-    with the exit status to end on: 0 when there is none yet, 2 when the file is not one (both
-    said in one line)."""
-    path = Path(argv[0]) if argv else ROOT / "bench" / "results" / "replay_quality.json"
-    if not path.exists():
-        print(f"no matrix results at {path}: run bench/replay_quality.py first")
-        return path, None, 0
-    try:
-        return path, json.loads(path.read_text())["rows"], 0
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"{path}: not a bench/replay_quality.py result ({exc})", file=sys.stderr)
-        return path, None, 2
-
-
 def main(argv: Sequence[str]) -> int:
-    from bench.matrix_report import goal_summary
-
     path, rows, status = saved_rows(argv)
     if rows is None:
         return status

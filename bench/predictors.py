@@ -25,7 +25,7 @@ one-step-ahead forecast error of each predictor on real traffic.
       its 5-point minimum before the last step, so at 10 minutes every predictor is the constant
       one: that row says so rather than measuring anything.
 
-    .venv/bin/python bench/predictors.py [--ticks 30] [--stride 1]
+    .venv/bin/python -m bench.predictors [--ticks 30] [--stride 1]
 
 Prints markdown tables and writes bench/results/predictors.json.
 """
@@ -37,7 +37,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,15 +44,14 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from app.core.seed.predictors import SeriesPredictor, TrafficPredictor, make_predictor
+from app.core.traces import bucket_requests
+from app.core.types import TrafficObservation
+from app.sources.traces import load_trace
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
-import numpy as np  # noqa: E402
-
-from app.core.seed.predictors import SeriesPredictor, TrafficPredictor, make_predictor  # noqa: E402
-from app.core.traces import bucket_requests  # noqa: E402
-from app.core.types import TrafficObservation  # noqa: E402
-from app.sources.traces import load_trace  # noqa: E402
 
 TRACES = REPO_ROOT / "data" / "traces"
 AZURE = TRACES / "AzureLLMInferenceTrace_conv.csv"

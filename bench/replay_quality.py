@@ -41,7 +41,7 @@ Per run: SLO attainment (TTFT and mean ITL both met), GPU-hours, GPU-hours over 
 lower bound, scaling actions, and the requests no policy could serve (late even alone on an idle
 engine; the same for every policy of a cell).
 
-    .venv/bin/python bench/replay_quality.py [--quick] [--workloads a,b | --half train|test]
+    .venv/bin/python -m bench.replay_quality [--quick] [--workloads a,b | --half train|test]
         [--worlds a,b] [--delays 30,120] [--policies planner] [--scaling FIELD=VALUE ...]
         [--attainment-target SHARE] [--workers 2] [--out FILE] [--markdown FILE]
 
@@ -77,19 +77,16 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from app.config import ScalingConfig, format_validation_error  # noqa: E402
-from app.core.traces import TraceRequest  # noqa: E402
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides  # noqa: E402
-from app.sim.outputs import summarize  # noqa: E402
-from app.sim.replay import build_world, make_policy, run_policy  # noqa: E402
-from app.sim.request_table import request_table  # noqa: E402
-from app.sim.workload import WORKLOADS as WORKLOAD_BUILDERS  # noqa: E402
-from app.sim.workload import build_workload  # noqa: E402
-from bench.fixed_frontier import fixed_rows, frontiers, is_fixed  # noqa: E402
-from bench.matrix_report import (  # noqa: E402, F401 (the report's names, re-exported)
+from app.config import ScalingConfig, format_validation_error
+from app.core.traces import TraceRequest
+from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.outputs import summarize
+from app.sim.replay import build_world, make_policy, run_policy
+from app.sim.request_table import request_table
+from app.sim.workload import WORKLOADS as WORKLOAD_BUILDERS
+from app.sim.workload import build_workload
+from bench.fixed_frontier import fixed_rows, frontiers, is_fixed
+from bench.matrix_report import (  # noqa: F401 (the report's names, re-exported)
     GOAL_ATTAINMENT,
     GOAL_COST_RATIO,
     GOAL_ORACLE_SLACK,
@@ -101,7 +98,8 @@ from bench.matrix_report import (  # noqa: E402, F401 (the report's names, re-ex
     stamp,
     world_table,
 )
-from bench.miss_causes import format_why, why  # noqa: E402
+from bench.matrix_results import DEFAULT_RESULTS
+from bench.miss_causes import format_why, why
 
 # The matrix's workloads, in table order.
 MATRIX_WORKLOADS: tuple[str, ...] = tuple(WORKLOAD_BUILDERS)
@@ -318,7 +316,7 @@ def main() -> int:
         metavar="SHARE",
         help="the deployment's sla.attainment_target (attainment sizing), in (0, 1)",
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "replay_quality.json")
+    parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS)
     parser.add_argument(
         "--markdown",
         type=Path,
@@ -327,7 +325,7 @@ def main() -> int:
         "(docs/benchmarks/results.md)",
     )
     args = parser.parse_args()
-    made = stamp(["bench/replay_quality.py", *sys.argv[1:]])
+    made = stamp(["python", "-m", "bench.replay_quality", *sys.argv[1:]])
     if args.attainment_target is not None and not 0 < args.attainment_target < 1:
         raise SystemExit(f"--attainment-target: expected a share in (0, 1), got {args.attainment_target}")
     policies = parse_names(args.policies, POLICIES, "--policies")

@@ -8,20 +8,18 @@ shape: the day before (seasonal naive), the mean log curve of the other 13 days,
 flat mean (which knows the day's level, and so favours it). The two daily forecasts are
 compared after removing their means: only the shape over the day is tested, not the level.
 
-    .venv/bin/python bench/servegen_days.py
+    .venv/bin/python -m bench.servegen_days
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from app.sim.workload import read_rate_curve
 
-from app.sim.workload import read_rate_curve  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SERVEGEN = ROOT / "data" / "traces" / "language_m-large_aggregate_rate.csv"
 WINDOWS_PER_DAY = 144

@@ -9,7 +9,7 @@ oracle's against the full rule's, and the worst cell either way. A mechanism ear
 taking it out loses attainment or costs GPU-hours on the workloads it was not tuned on: the
 matrix's test half (`bench/replay_quality.py` HALVES) is the default.
 
-    .venv/bin/python bench/sla_ablation.py [--workloads a,b | --half train|test]
+    .venv/bin/python -m bench.sla_ablation [--workloads a,b | --half train|test]
         [--worlds profile,smooth] [--delay 120] [--workers 2] [--out FILE]
 """
 
@@ -29,17 +29,16 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from app import planner_setup
+from app.core.sla import decide, step, wish
+from app.core.sla.settings import SlaTuning
+from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.outputs import summarize
+from app.sim.replay import build_world, make_policy, run_policy
+from app.sim.request_table import request_table
+from bench.replay_quality import HALVES, workload, world_name
 
-from app import planner_setup  # noqa: E402
-from app.core.sla import decide, step, wish  # noqa: E402
-from app.core.sla.settings import SlaTuning  # noqa: E402
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides  # noqa: E402
-from app.sim.outputs import summarize  # noqa: E402
-from app.sim.replay import build_world, make_policy, run_policy  # noqa: E402
-from app.sim.request_table import request_table  # noqa: E402
-from bench.replay_quality import HALVES, workload, world_name  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _no_trim(original: Callable) -> Callable:
@@ -110,10 +109,8 @@ def ablated(name: str | None) -> Iterator[dict[str, Any]]:
         # A parameter of the model, not the deployment's: set where the settings are built.
         target = (planner_setup, "sla_settings")
         field, value = ABLATIONS[name][1], replacement
-        replacement = lambda original: (
-            lambda *a, **k: original(*a, **k).model_copy(  # noqa: E731
-                update={field: value}
-            )
+        replacement = lambda original: (  # noqa: E731
+            lambda *a, **k: original(*a, **k).model_copy(update={field: value})
         )
     module, attribute = target
     original = getattr(module, attribute)

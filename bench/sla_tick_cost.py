@@ -5,7 +5,7 @@ workloads; every call of the planner's tick (`EmbeddedPlanner.on_tick`: the whol
 included) is timed with `time.perf_counter`, and so is the replay's wall time. Run both in one
 process so that the machine's other jobs weigh on both alike.
 
-    .venv/bin/python bench/sla_tick_cost.py [--workloads azure-conv-x30,code-bursts-spread] [--delay 120]
+    .venv/bin/python -m bench.sla_tick_cost [--workloads azure-conv-x30,code-bursts-spread] [--delay 120]
 """
 
 from __future__ import annotations
@@ -13,16 +13,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides  # noqa: E402
-from app.sim.replay import build_world, make_policy, run_policy  # noqa: E402
-from app.sim.workload import build_workload  # noqa: E402
+from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.replay import build_world, make_policy, run_policy
+from app.sim.workload import build_workload
 
 SIZINGS = ("headroom", "attainment")
 

@@ -4,11 +4,8 @@ and the goal summary; bench/fixed_frontier.py's fixed-count sweep and frontier. 
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -18,21 +15,8 @@ from app.sim.policies import FixedPolicy
 from app.sim.replay import build_world, make_policy, run_policy
 from app.sim.truth import WORLDS as TRUTH_WORLDS
 from app.sim.workload import WORKLOADS as WORKLOAD_BUILDERS
-
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "replay_quality.py"
-
-
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("replay_quality", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("replay_quality", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-rq = _load_bench()
-from bench import fixed_frontier as ff  # noqa: E402  (importable once replay_quality set the path)
+from bench import fixed_frontier as ff
+from bench import replay_quality as rq
 
 
 def row(workload: str, policy: str, attainment: float, ratio: float, *, world: str = "profile", delay_s=120):

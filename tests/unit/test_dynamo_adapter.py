@@ -6,16 +6,12 @@ stand-ins here are dicts with the same keys; nothing needs Dynamo installed.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 from app.core.perf.fpm import ForwardPassMetrics
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import dynamo_adapter as da  # noqa: E402
+from bench import dynamo_adapter as da
 
 
 def fpm_snap(worker_id: int = 0, wall_time: float = 0.02, **overrides) -> dict:

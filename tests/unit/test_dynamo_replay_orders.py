@@ -3,14 +3,9 @@ installed (the policy answers the replay's plain-dict snapshots)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import dynamo_replay as dr  # noqa: E402
+from bench import dynamo_replay as dr
 
 
 def test_first_order_orders_its_count_at_the_first_tick_then_holds() -> None:

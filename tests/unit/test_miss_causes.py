@@ -3,9 +3,7 @@ replay whose every number is known."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,21 +15,10 @@ from app.sim.request_table import request_table
 from app.sim.results import OracleStep, ReplayResult
 from app.sim.truth import TruthModel
 from app.sources.profile_files import load_profile
+from bench import miss_causes as mc
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = ROOT / "data" / "profiles" / "h200-llama3.1-8b-fp8"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-mc = _load("miss_causes")
 
 
 @pytest.fixture(scope="module")
