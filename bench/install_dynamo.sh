@@ -34,5 +34,5 @@ from dynamo.planner.offline.replay_adapter import create_replay_planner_adapter
 
 import app.embedding  # this project, installed editable beside Dynamo
 
-print("Dynamo 1.6.1 replay ready: .venv-dynamo/bin/python bench/dynamo_replay.py")
+print("Dynamo 1.6.1 replay ready: .venv-dynamo/bin/python -m bench.dynamo_replay")
 PY
