@@ -125,21 +125,6 @@ def window_rate(counts: list[float], window_s: float) -> float:
     return sum(kept) / (len(kept) * TICK_S)
 
 
-def dispersion(
-    counts: list[float], prior_s: float = SlaSettings.model_fields["dispersion_prior_s"].default
-) -> float:
-    """Index of dispersion of the per-tick counts, from consecutive differences (a difference of
-    two independent counts has twice their variance) by their median absolute deviation (a
-    single step is not burstiness), shrunk towards Poisson's 1 with `prior_s` of ticks as the
-    prior's weight, never below 1, and 1 for fewer than six ticks."""
-    if len(counts) < 6:
-        return 1.0
-    diffs = np.diff(np.array(counts, dtype=float))
-    sigma = 1.4826 * float(np.median(np.abs(diffs - np.median(diffs))))
-    raw = sigma * sigma / 2 / float(np.mean(counts))
-    return max(1.0, 1.0 + (raw - 1.0) * len(diffs) / (len(diffs) + prior_s / TICK_S))
-
-
 def level_rate(counts: list[float], settings: SlaSettings) -> float:
     """The rate sized for without a forecast: the busiest `burst_window_s` of the level window
     (5 s ticks: two consecutive ticks), or the smoother trend level if higher."""
@@ -305,10 +290,9 @@ def test_a_burst_raises_prefill_on_the_very_next_tick(h200: PerfModel) -> None:
     result = run.tick(burst)
     rate = level_rate(run.counts, settings)
     assert rate == (steady + burst) / 10.0  # 70 req/s: the busiest 10 s, above the 60 s level
-    disp = dispersion(run.counts)
     # 36 identical counts then one 500 higher: the differences are 35 zeros and one 500, whose
     # median absolute deviation is 0: one step is a change of level, not burstiness.
-    assert disp == 1.0
+    disp = 1.0
     # No forward pass is fed: the costs are the cold-start prior's throughout.
     prior = prior_of(h200, settings).prefill
     sizing = prefill_sizing(prior, settings, rate * ISL, mix, disp)
@@ -337,7 +321,9 @@ def test_a_burst_raises_prefill_on_the_very_next_tick(h200: PerfModel) -> None:
     result = run.tick(burst)
     rate = level_rate(run.counts, settings)
     assert rate == 2 * burst / 10.0
-    second = prefill_wish(h200, settings, rate * ISL, mix, dispersion(run.counts))
+    # Still Poisson: the differences are 35 zeros, one 500 and one 0 (median deviation 0).
+    assert result.diagnostics["demand"]["dispersion"] == 1.0
+    second = prefill_wish(h200, settings, rate * ISL, mix, 1.0)
     # 70 req/s, then 120 req/s: pinned on the H200 prior (240000 / 30743 = 7.8 -> 8; the old
     # formula gave (4, 6)).
     assert (first, second) == (5, 8)
@@ -1220,11 +1206,10 @@ def test_rises_within_the_traffics_own_burstiness_are_no_surge(h200: PerfModel) 
     for count in [1000.0, 1400.0] * 12 + [1300.0, 1600.0, 1900.0, 2200.0]:
         result = run.tick(count, follow=False)
         assert result.diagnostics["demand"]["surge"] is None
-    assert result.diagnostics["demand"]["dispersion"] == round(dispersion(run.counts), 2)
     assert result.diagnostics["demand"]["dispersion"] == pytest.approx(6.26, abs=0.01)
     # Read as Poisson, the same three rises would be a crowd, carried 15 s.
     assert _surge(list(run.state.samples), 120.0) is not None
-    assert _surge(list(run.state.samples), 120.0, dispersion(run.counts)) is None
+    assert _surge(list(run.state.samples), 120.0, 6.26) is None
 
 
 def test_a_few_ticks_are_not_enough_to_call_traffic_bursty(h200: PerfModel) -> None:
@@ -1234,8 +1219,10 @@ def test_a_few_ticks_are_not_enough_to_call_traffic_bursty(h200: PerfModel) -> N
         result = run.tick(count)
         assert result.diagnostics["demand"]["dispersion"] == 1.0
     result = run.tick(500.0)  # the sixth: now the deviation of five differences counts
-    assert result.diagnostics["demand"]["dispersion"] == round(dispersion(run.counts), 2)
-    assert result.diagnostics["demand"]["dispersion"] > 1.0
+    # Differences 260, -230, 340, -320, 420: median 260, absolute deviations 0, 490, 80, 580, 160,
+    # their median 160; sigma = 1.4826 x 160 = 237.2, raw = 237.2^2 / 2 / 226.7 (the mean count)
+    # = 124.1; five differences against the prior's 60 s of 5 s ticks: 1 + 123.1 x 5/17 = 37.21.
+    assert result.diagnostics["demand"]["dispersion"] == 37.21
 
 
 def test_a_burstiness_read_off_a_few_ticks_weighs_less_than_a_minute_of_poisson(h200: PerfModel) -> None:
@@ -1244,8 +1231,10 @@ def test_a_burstiness_read_off_a_few_ticks_weighs_less_than_a_minute_of_poisson(
     counts vary 1.5-2.5 times. Shrunk by 60 s of prior ticks (12) the reading is 3.15, and it
     counts fully only with `dispersion_prior_s` 0."""
     counts = [29.0, 51.0, 36.0, 50.0, 46.0, 47.0, 26.0, 44.0]
-    raw = dispersion(counts, prior_s=0.0)
-    assert raw == pytest.approx(6.84, abs=0.01)
+    # Differences 22, -15, 14, -4, 1, -21, 18: median 1, absolute deviations 21, 16, 13, 5, 0, 22,
+    # 17, their median 16; sigma = 1.4826 x 16 = 23.7, raw = 23.7^2 / 2 / 41.1 (the mean count)
+    # = 6.84; shrunk by seven differences against the prior's 12 ticks: 1 + 5.84 x 7/19 = 3.15.
+    raw = 6.8415
     for prior_s, expected in ((60.0, 1.0 + (raw - 1.0) * 7 / 19), (0.0, raw)):
         settings = settings_for(h200, ("prefill",), dispersion_prior_s=prior_s)
         run = Run(h200, settings, expected={"prefill": 1})
