@@ -304,7 +304,7 @@ class DeploymentConfig(Strict):
 
 
 class VariantConfig(Strict):
-    """One kind of engine a deployment may run (app/core/fleet_variants.py, docs/fleet.md). The
+    """One kind of engine a deployment may run (app/core/fleet/variants.py, docs/fleet.md). The
     first variant listed is the deployment's own hardware: its profile and GPUs per engine
     default to the deployment's, and must equal them when given."""
 
@@ -338,7 +338,7 @@ class CapacityShape(Strict):
 
 
 class FleetMemberConfig(Strict):
-    """One deployment's place in the fleet (app/core/fleet.py, docs/fleet.md)."""
+    """One deployment's place in the fleet (app/core/fleet/step.py, docs/fleet.md)."""
 
     priority: int = Field(default=0, description="higher is served first, and takes from lower at once")
     gpu_type: str | None = Field(default=None, description="which budget it draws on (default: the only one)")

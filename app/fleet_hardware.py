@@ -1,6 +1,6 @@
 """A deployment's hardware variants as the fleet step reads them: each `fleet.deployments.*.variants`
 entry of the deployments file, with its profile read and its SLA-meeting capacity per engine
-computed (app/core/fleet_variants.py). Wiring, so it reads files; the rules stay in app/core."""
+computed (app/core/fleet/variants.py). Wiring, so it reads files; the rules stay in app/core."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from app.config import ConfigError, DeploymentConfig, FleetMemberConfig
 from app.core.errors import ProfileError
-from app.core.fleet_variants import Variant, engine_capacity
+from app.core.fleet.variants import Variant, engine_capacity
 from app.core.perf.interpolation import PerfModel
 from app.core.perf.profile import Profile
 from app.planner_setup import DEFAULT_MAX_NUM_BATCHED_TOKENS

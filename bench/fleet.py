@@ -3,7 +3,7 @@
 Three deployments of examples/fleet.yaml, each with its own trace and SLA-scaling planner, share
 24 H200 GPUs; alone, their wishes peak at 21 + 11 + 6 = 38 GPUs. Policies (app/sim/fleet.py):
 
-- `fleet`: the fleet step (app/core/fleet.py): guarantees, priority, then marginal value, with
+- `fleet`: the fleet step (app/core/fleet/step.py): guarantees, priority, then marginal value, with
   hysteresis, others' engines taken only for the load now (not forecast headroom); each planner
   runs within its grant;
 - `equal`: static equal shares: each planner within 24 / 3 = 8 GPUs, whatever the others do;

@@ -11,7 +11,7 @@ For one replay (its result, the planner's tick records, the world it ran in):
     too few, or the request queued behind a backlog left on the engine it was routed to.
 - **cost by role**: the planner's engine-seconds over the oracle's, per role.
 - **beyond the load now**: of the engine-seconds the planner targeted, the share above what the
-  load measured at that tick needed (`app.core.sla.value.present_need`): the forecast's headroom,
+  load measured at that tick needed (`app.core.fleet.value.present_need`): the forecast's headroom,
   a quiet period's keep and the scale-down window, together.
 
 Ticks and timelines are step functions: a value holds until the next change.
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from app.core.sla.value import present_need
+from app.core.fleet.value import present_need
 from app.sim.cluster import ROLES
 from app.sim.outputs import unservable_mask
 from app.sim.request_table import RequestTable

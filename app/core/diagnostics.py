@@ -393,7 +393,7 @@ class TickDiagnostics(Record):
     fpm: dict[str, Any] | None = None
     traffic: dict[str, Any] | None = None
     expired_decision_id: int | None = None
-    # The fleet grant this tick ran under (app/core/fleet_grants.py `grant_record`); None
+    # The fleet grant this tick ran under (app/core/fleet/grants.py `grant_record`); None
     # without a fleet.
     fleet: dict[str, Any] | None = None
     verdict: Text = None

@@ -6,9 +6,9 @@ deployment gets its own simulated cluster and its own planner (SLA scaling, exac
 `planner replay` runs it); every `fleet.interval_s` the clusters run to the same simulated time
 and then, by policy:
 
-- `fleet`: the fleet step (app/core/fleet.py) grants each deployment engines from the wishes its
+- `fleet`: the fleet step (app/core/fleet/step.py) grants each deployment engines from the wishes its
   planner made at the previous tick (and the part of each for the load now, read from that tick's
-  SLA diagnostics by app/core/sla/value.py); each planner then ticks with its grant as per-role
+  SLA diagnostics by app/core/fleet/value.py); each planner then ticks with its grant as per-role
   maximum bounds, so that its decision is what its cluster runs;
 - `equal`: a static partition: each deployment's planner within budget ÷ deployments GPUs of its
   type (the planner's own GPU-budget stage), whatever the others do;
@@ -47,9 +47,9 @@ from app.config import (
     read_yaml_mapping,
     validate_deployments,
 )
-from app.core.fleet import FleetDecision, FleetMember, FleetSettings, FleetState, fleet_step
-from app.core.fleet_grants import asked_of, grant_record, present_of, wish_of, with_grant
-from app.core.fleet_variants import Variant, variant_key
+from app.core.fleet.grants import asked_of, grant_record, present_of, wish_of, with_grant
+from app.core.fleet.step import FleetDecision, FleetMember, FleetSettings, FleetState, fleet_step
+from app.core.fleet.variants import Variant, variant_key
 from app.core.traces import TraceRequest
 from app.core.types import ActiveOverrides
 from app.embedding import EmbeddedPlanner, TickInput, TrafficWindow

@@ -4,7 +4,7 @@ step's own rules (`--fleet-policy oracle`, and the yardstick of the other fleet 
 1. Each deployment's r*, as the single-deployment oracle computes it (app/sim/oracle.py
    `required_engines`: the fewest engines per role and interval that meet both targets at the
    load that actually arrives, in the simulated world).
-2. Per interval, the fleet step (app/core/fleet.py) grants those r* as wishes, from no previous
+2. Per interval, the fleet step (app/core/fleet/step.py) grants those r* as wishes, from no previous
    grant (no hysteresis: the oracle is not steering live engines, it is choosing a plan), so
    that where the r* together exceed a GPU type's budget they are cut by guarantees, priority
    and marginal value exactly as the fleet policy's wishes are. A budget that never binds leaves
@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from app.config import DeploymentConfig, FleetConfig
-from app.core.fleet import FleetMember, FleetSettings, FleetState, fleet_step
+from app.core.fleet.step import FleetMember, FleetSettings, FleetState, fleet_step
 from app.core.traces import TraceRequest
 from app.sim.cluster import ROLES
 from app.sim.oracle import OracleSchedule, oracle_schedule, required_engines

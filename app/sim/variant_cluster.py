@@ -4,7 +4,7 @@ GPUs per engine (docs/fleet.md, "Hardware variants").
 
 The deployment's planner knows only its primary variant: it reads and sets engine counts in
 *primary-equivalents* (an engine of variant v counts `capacity_v / capacity_primary`, from
-app/core/fleet_variants.py). So `targets` and `ready_counts()` are primary-equivalents, and
+app/core/fleet/variants.py). So `targets` and `ready_counts()` are primary-equivalents, and
 `set_target(role, n)` runs the fleet's granted mix (`set_grant`) shrunk, dearest variant first,
 to the fewest engines whose capacity covers n primary engines. Requests are routed as in
 `Cluster` (to the least-loaded engine, whatever its kind): a router that ignores speed.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from app.core.fleet_variants import Variant, split_wish
+from app.core.fleet.variants import Variant, split_wish
 from app.core.traces import TraceRequest
 from app.sim.cluster import ROLES, Cluster, _Slot
 from app.sim.truth import TruthModel

@@ -2,7 +2,7 @@
 deployments, its grants stored for their workers.
 
 It reads each deployment's wish from its last stored tick (the proposal stage, within its
-bounds: app/core/fleet_grants.py `wish_of`, as the replay does), calls `fleet_step` with `now`
+bounds: app/core/fleet/grants.py `wish_of`, as the replay does), calls `fleet_step` with `now`
 from the injected clock, and stores the answer in the `fleet_state` row: the grants, the fleet
 state the next step needs, the wishes and the last moves. Each deployment's worker reads its
 grant from that row at its next tick and applies it as per-role maximum bounds
@@ -26,8 +26,8 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import DeploymentsFile, FleetConfig
-from app.core.fleet import FleetDecision, FleetMember, FleetSettings, FleetState, fleet_step
-from app.core.fleet_grants import present_of, wish_of
+from app.core.fleet.grants import present_of, wish_of
+from app.core.fleet.step import FleetDecision, FleetMember, FleetSettings, FleetState, fleet_step
 from app.core.types import Role
 from app.reports.metrics import PlannerMetrics
 from app.store import decisions as decision_store

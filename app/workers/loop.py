@@ -32,7 +32,7 @@ from app.connectors.base import Connector
 from app.connectors.virtual import DecisionHub
 from app.core.diagnostics import TickDiagnostics
 from app.core.errors import ConnectorError, ConnectorNotReadyError, SourceUnavailableError
-from app.core.fleet_grants import asked_of, grant_record, with_grant
+from app.core.fleet.grants import asked_of, grant_record, with_grant
 from app.core.perf.fpm import ForwardPassMetrics
 from app.core.planner import Effects, Planner, TickInput
 from app.core.types import DecisionStatus, Role, TrafficObservation

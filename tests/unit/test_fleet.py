@@ -1,4 +1,4 @@
-"""The fleet step (app/core/fleet.py): priorities, guarantees, max shares and hysteresis, with
+"""The fleet step (app/core/fleet/step.py): priorities, guarantees, max shares and hysteresis, with
 hand-computed expectations. Single-role members use one decode GPU per engine unless a case says
 otherwise, so that engines and GPUs are the same number."""
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from app.core.fleet import (
+from app.core.fleet.step import (
     FleetMember,
     FleetSettings,
     FleetState,
@@ -332,7 +332,7 @@ def test_a_fleet_section_is_read_with_its_defaults() -> None:
         ),
         (
             {"fleet__deployments__batch__max_gpus": 1},
-            "fleet.deployments.batch: Value error, guaranteed_gpus (2) is above max_gpus (1)",
+            "fleet.deployments.batch: guaranteed_gpus (2) is above max_gpus (1)",
         ),
         ({"fleet__deployments__nope": {"priority": 1}}, "fleet.deployments.nope: no deployment named 'nope'"),
         (

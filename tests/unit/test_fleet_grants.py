@@ -1,4 +1,4 @@
-"""How a planner lives with its fleet grant (app/core/fleet_grants.py): the code `planner serve`
+"""How a planner lives with its fleet grant (app/core/fleet/grants.py): the code `planner serve`
 and `planner replay` share around the fleet step."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from app.core.chain import effective_bounds
-from app.core.fleet import FleetMember, FleetSettings, FleetState, fleet_step
-from app.core.fleet_grants import asked_of, grant_record, wish_of, with_grant
+from app.core.fleet.grants import asked_of, grant_record, wish_of, with_grant
+from app.core.fleet.step import FleetMember, FleetSettings, FleetState, fleet_step
 from app.core.types import ActiveOverrides, RoleBounds
 
 BOUNDS = {"prefill": RoleBounds(1, 8), "decode": RoleBounds(2, 8)}

@@ -1,6 +1,6 @@
-"""Rule 3b of the fleet step (app/core/fleet.py): running engines are taken from others only for
+"""Rule 3b of the fleet step (app/core/fleet/step.py): running engines are taken from others only for
 a deployment's load now, never for its forecast headroom; and `present_need`
-(app/core/sla/value.py), which reads the load now from the SLA step's diagnostics. Every
+(app/core/fleet/value.py), which reads the load now from the SLA step's diagnostics. Every
 expectation is computed by hand in its `why`. Single-role members use one decode GPU per engine."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from app.core.fleet import FleetMember, FleetSettings, FleetState, GrantReason, MoveReason, fleet_step
-from app.core.sla.value import present_need
+from app.core.fleet.step import FleetMember, FleetSettings, FleetState, GrantReason, MoveReason, fleet_step
+from app.core.fleet.value import present_need
 
 GPU = "h200"
 

@@ -1,4 +1,4 @@
-"""Hardware variants (app/core/fleet_variants.py) in the fleet step: the cheapest per unit of
+"""Hardware variants (app/core/fleet/variants.py) in the fleet step: the cheapest per unit of
 SLA-meeting capacity grown first, the next variant when its GPU type's budget is used up, the
 dearest shrunk first, a cut naming the GPU type; capacities read by the SLA core's formulas; the
 configuration's errors. Expectations are computed by hand in each test's comment."""
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from app.config import ConfigError, validate_deployments
-from app.core.fleet import FleetMember, FleetSettings, FleetState, GrantReason, fleet_step
-from app.core.fleet_variants import Variant, engine_capacity, split_wish, variant_key
+from app.core.fleet.step import FleetMember, FleetSettings, FleetState, GrantReason, fleet_step
+from app.core.fleet.variants import Variant, engine_capacity, split_wish, variant_key
 from app.core.perf.interpolation import PerfModel
 from app.core.sla.capacity import LengthMix, decode_batch_limit, prefill_engines
 from app.core.sla.latency import prior_models

@@ -1,19 +1,19 @@
 """How a deployment's planner lives with its fleet grant: the pure part both shells share.
 
 `planner replay` (app/sim/fleet.py) and `planner serve` (app/workers/fleet.py and the worker
-loop) run exactly this code around the fleet step (app/core/fleet.py), so the replay measures
+loop) run exactly this code around the fleet step (app/core/fleet/step.py), so the replay measures
 what the service does:
 
 - `wish_of`: the wish the fleet step reads is the planner's *proposal* (the first stage of its
   last tick, before bounds, overrides and the grant), within the deployment's own bounds;
-- `present_of`: the part of that wish the load measured now needs (app/core/sla/value.py), which
+- `present_of`: the part of that wish the load measured now needs (app/core/fleet/value.py), which
   alone may take a lower priority's running engines;
 - `with_grant`: the grant binds as per-role maximum bounds in the tick's `ActiveOverrides`,
   as an operator's bounds override would, so the decision itself respects it;
 - `grant_record`: what the tick record and the decision say about the grant: the grant per
   role, its reason, who cut it and why, and a reason line when the grant lowered the target.
 
-A grant is the `DeploymentGrant.as_dict()` form (app/core/fleet_types.py): the form the service
+A grant is the `DeploymentGrant.as_dict()` form (app/core/fleet/types.py): the form the service
 stores, so both shells read the same thing.
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.core.sla.value import present_need
+from app.core.fleet.value import present_need
 from app.core.types import ActiveOverrides, Replicas, Role, RoleBounds
 
 __all__ = ["asked_of", "grant_engines", "grant_record", "present_of", "with_grant", "wish_of"]

@@ -1,6 +1,6 @@
 """The fleet step's plain data: what it reads (`FleetMember`, `FleetSettings`, `FleetState`) and
 what it answers (`FleetDecision`: a `DeploymentGrant` per deployment, with a `RoleGrant` per role,
-the `Cut`s that explain a cut, and the `Move`s of the tick). The rules are in app/core/fleet.py."""
+the `Cut`s that explain a cut, and the `Move`s of the tick). The rules are in app/core/fleet/step.py."""
 
 from __future__ import annotations
 
@@ -55,11 +55,11 @@ class FleetMember:
     max_gpus: int | None  # None: up to the budget
     gpus_per_engine: Mapping[Role, int]
     wish: Mapping[Role, int]  # engines its own planner wants now, per role
-    # Hardware variants (app/core/fleet_variants.py), the primary first: `wish` is in engines of
+    # Hardware variants (app/core/fleet/variants.py), the primary first: `wish` is in engines of
     # the primary, and the fleet step splits it over the variants. Empty: one kind of engine,
     # `gpu_type` and `gpus_per_engine` above.
     variants: tuple[Variant, ...] = ()
-    # Engines per role for the load measured now (app/core/sla/value.py `present_need`): the
+    # Engines per role for the load measured now (app/core/fleet/value.py `present_need`): the
     # part of `wish` another deployment's running engines may be taken for (rule 3b); the rest
     # is forecast headroom, grown into free GPUs only. None: all of the wish. Not split over
     # hardware variants (a member with variants is taken as all present).

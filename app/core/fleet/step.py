@@ -15,7 +15,7 @@ Rules, in the order they bind:
    GPUs from a lower-priority deployment's unguaranteed engines at once (no margin, no hold:
    priority is a promise). A lower priority never takes from a higher one.
 3b. **Load now before headroom.** A wish may say which part of it serves the load measured now
-   (`FleetMember.present`, from app/core/sla/value.py); the rest is the SLA step's forecast
+   (`FleetMember.present`, from app/core/fleet/value.py); the rest is the SLA step's forecast
    headroom, engines for a rise that may not come. Running engines are taken from others
    (rules 3 and 4) only for the load now; headroom grows into free GPUs only, after every
    deployment's load now is served. Taking an engine costs its holder at once and for sure;
@@ -46,7 +46,7 @@ The grants are caps on each deployment's target: the shell gives each planner it
 per-role maximum, so that its decision is what the cluster runs.
 
 **Hardware variants.** A deployment that lists variants (GPU type, GPUs per engine, profile,
-price) has its wish split over them first (app/core/fleet_variants.py: cheapest per unit of
+price) has its wish split over them first (app/core/fleet/variants.py: cheapest per unit of
 SLA-meeting capacity grown first, dearest shrunk first, each within the room its GPU type is
 expected to have); each variant then takes part in the rules above as a member of its own, named
 `deployment@variant`, with the deployment's priority. The guarantee belongs to the primary
@@ -59,7 +59,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from app.core.fleet_types import (
+from app.core.fleet.types import (
     Cut,
     DeploymentGrant,
     FleetDecision,
@@ -72,7 +72,7 @@ from app.core.fleet_types import (
     RoleGrant,
     Variant,
 )
-from app.core.fleet_variants import expand_variants
+from app.core.fleet.variants import expand_variants
 from app.core.types import Role
 
 __all__ = [

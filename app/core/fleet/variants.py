@@ -4,7 +4,7 @@ engine, profile, price), grown cheapest per unit of SLA-meeting capacity first.
 A deployment's own planner wishes engines of its *primary* variant (the first listed: the
 hardware its profile describes). The fleet step reads that wish as capacity, per role
 (`wish × capacity of a primary engine`), and splits it over the variants here, before its usual
-rules (app/core/fleet.py) grant each variant's engines under its GPU type's budget:
+rules (app/core/fleet/step.py) grant each variant's engines under its GPU type's budget:
 
 - **Capacity per engine** (`engine_capacity`), from a variant's profile at the deployment's SLA
   targets, by the SLA core's own formulas (app/core/sla/capacity.py on the profile's prior
@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from app.core.fleet_types import FleetMember, FleetSettings, FleetState, Variant
+from app.core.fleet.types import FleetMember, FleetSettings, FleetState, Variant
 from app.core.perf.interpolation import PerfModel
 from app.core.sla.capacity import LengthMix, decode_batch_limit, prefill_engines
 from app.core.sla.latency import prior_models

@@ -3,7 +3,7 @@
 SLA scaling sizes for the demand a lead ahead (app/core/sla/demand.py `demand_at`): the busiest
 burst of the level window, or the trend level raised by its learned growth or its ramp over the
 lead, whichever is more. Its wish therefore holds engines for a rise that may not come. The fleet
-step (app/core/fleet.py) must tell the two apart: taking a lower priority's running engine costs
+step (app/core/fleet/step.py) must tell the two apart: taking a lower priority's running engine costs
 that deployment now and for sure, while the headroom engine it pays for starts a start-up delay
 later, and serves something only if the forecast rise comes. Measured in `docs/fleet.md`: chat's
 flash crowd had levelled off at about 100 requests/s when its learned growth (x2.9 prompt tokens,
