@@ -1,4 +1,4 @@
-"""What the two HTML reports (app/reports/diagnostics_html.py, the live diagnostics; app/sim/report.py,
+"""What the two HTML reports (app/reports/diagnostics_html.py, the live diagnostics; app/sim/replay/report.py,
 a replay's) draw alike with plotly, so that one chart reads the same in both."""
 
 from __future__ import annotations

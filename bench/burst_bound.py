@@ -26,11 +26,11 @@ import dataclasses
 from collections import Counter
 
 from app.core.traces import TraceRequest
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
-from app.sim.policies import FixedPolicy
-from app.sim.replay import World, build_world, make_policy, run_policy
-from app.sim.request_table import request_table
-from app.sim.workload import build_workload
+from app.sim.replay.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.replay.policies import FixedPolicy
+from app.sim.replay.request_table import request_table
+from app.sim.replay.run import World, build_world, make_policy, run_policy
+from app.sim.world.workload import build_workload
 from bench.fixed_frontier import sweep, sweep_ranges
 
 MINUTE_S = 60.0

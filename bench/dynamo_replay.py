@@ -128,7 +128,7 @@ def _mooncake_hash_ids(path: Path) -> list[list[int]]:
 def build_requests(workload: Workload, minutes: float | None) -> tuple[list, list[list[int]] | None]:
     """The trace at its rate scale (`expand_rate`), cut to its first `minutes`; with `prefixes`,
     each request's hash ids, renumbered per rate copy so that copies share no prefix."""
-    from app.sim.workload import expand_rate
+    from app.sim.world.workload import expand_rate
     from app.sources.traces import load_trace
 
     base = load_trace(workload.trace)
@@ -174,7 +174,7 @@ def write_trace(requests: Sequence, hash_ids: Sequence[list[int]] | None, path: 
 def deployment_for(workload: Workload, decode_max_num_seqs: int | None = None, sizing: str | None = None):
     """examples/replay.yaml's deployment with the workload's targets (and, if given, the decode
     engines' batch limit, which the file leaves unset, and SLA scaling's `sizing`)."""
-    from app.sim.config import load_replay_config, with_overrides
+    from app.sim.replay.config import load_replay_config, with_overrides
 
     config = with_overrides(
         load_replay_config(REPLAY_CONFIG), ttft_ms=workload.ttft_ms, itl_ms=workload.itl_ms
@@ -190,7 +190,7 @@ def deployment_for(workload: Workload, decode_max_num_seqs: int | None = None, s
 def profile_sizing(requests: Sequence, workload: Workload) -> dict[str, int]:
     """The profile's replicas for the busiest minute of `requests` (app/sim's `static` policy)."""
     from app.embedding import EmbeddedPlanner
-    from app.sim.policies import StaticPolicy
+    from app.sim.replay.policies import StaticPolicy
 
     config, d = deployment_for(workload)
     model = EmbeddedPlanner.from_config(d, base_dir=config.base_dir).model

@@ -45,9 +45,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from app.sim.policies import FixedPolicy
-from app.sim.replay import World, make_policy, run_policy
-from app.sim.results import ReplayResult
+from app.sim.replay.policies import FixedPolicy
+from app.sim.replay.results import ReplayResult
+from app.sim.replay.run import World, make_policy, run_policy
 from bench.matrix_results import saved_rows
 
 # "Beaten on both axes": a fixed count with attainment at most BEATEN_ATTAINMENT_SLACK lower

@@ -29,9 +29,9 @@ from __future__ import annotations
 import bisect
 import math
 
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
-from app.sim.replay import build_world
-from app.sim.workload import build_workload
+from app.sim.replay.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.replay.run import build_world
+from app.sim.world.workload import build_workload
 
 TICK_S = 5.0
 DELAYS_S = (30.0, 120.0, 300.0)

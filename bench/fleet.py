@@ -1,7 +1,7 @@
 """A fleet under one GPU budget: the fleet step against static equal shares and first come first served.
 
 Three deployments of examples/fleet.yaml, each with its own trace and SLA-scaling planner, share
-24 H200 GPUs; alone, their wishes peak at 21 + 11 + 6 = 38 GPUs. Policies (app/sim/fleet.py):
+24 H200 GPUs; alone, their wishes peak at 21 + 11 + 6 = 38 GPUs. Policies (app/sim/fleet/run.py):
 
 - `fleet`: the fleet step (app/core/fleet/step.py): guarantees, priority, then marginal value, with
   hysteresis, others' engines taken only for the load now (not forecast headroom); each planner
@@ -9,8 +9,8 @@ Three deployments of examples/fleet.yaml, each with its own trace and SLA-scalin
 - `equal`: static equal shares: each planner within 24 / 3 = 8 GPUs, whatever the others do;
 - `fcfs`: independent planners that ignore each other, clipped at the budget first come first
   served (an engine once granted is kept until its own planner lets it go);
-- `oracle`: every future known: each deployment's clairvoyant r* (app/sim/oracle.py), cut to the
-  budget by the fleet step, each run on its cheapest schedule (app/sim/fleet_oracle.py).
+- `oracle`: every future known: each deployment's clairvoyant r* (app/sim/replay/oracle.py), cut to the
+  budget by the fleet step, each run on its cheapest schedule (app/sim/fleet/oracle.py).
 
 Scenarios: `example` is the file as committed (chat: flash crowd, priority 3; code: bursty
 gaps, priority 2; batch: diurnal, priority 1); `reversed` swaps chat's and batch's priorities
@@ -36,7 +36,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from app.sim.fleet import FLEET_POLICIES, fleet_summary, load_fleet_config, run_fleet
+from app.sim.fleet.run import FLEET_POLICIES, fleet_summary, load_fleet_config, run_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from app.sim.fleet import fleet_summary, load_fleet_config, run_fleet
+from app.sim.fleet.run import fleet_summary, load_fleet_config, run_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -31,10 +31,10 @@ from app.core.seed.load import load_step
 from app.core.seed.load_models import LoadModels
 from app.core.seed.load_types import LoadInput, LoadSettings
 from app.core.types import RoleBounds
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
-from app.sim.outputs import summarize
-from app.sim.replay import build_world, make_policy, run_policy
-from app.sim.workload import expand_rate
+from app.sim.replay.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.replay.outputs import summarize
+from app.sim.replay.run import build_world, make_policy, run_policy
+from app.sim.world.workload import expand_rate
 from app.sources.profile_files import load_profile
 from app.sources.traces import load_trace
 

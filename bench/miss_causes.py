@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 
 from app.core.fleet.value import present_need
-from app.sim.cluster import ROLES
-from app.sim.outputs import unservable_mask
-from app.sim.request_table import RequestTable
-from app.sim.results import ReplayResult
-from app.sim.truth import TruthModel
+from app.sim.replay.outputs import unservable_mask
+from app.sim.replay.request_table import RequestTable
+from app.sim.replay.results import ReplayResult
+from app.sim.world.cluster import ROLES
+from app.sim.world.truth import TruthModel
 from bench.matrix_report import goal_summary
 from bench.matrix_results import saved_rows
 

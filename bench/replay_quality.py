@@ -18,7 +18,7 @@ Workloads (`app.sim.workload.WORKLOADS`, built from the traces bundled in data/t
 - `heavy-tail-output`: 50 to 110 req/s, Azure prompts, lognormal outputs (median 180 tokens,
   p99 3.4k); 30 minutes;
 - `code-bursts-clustered`, `code-bursts-spread` (and `-s1`, seed 1): code completion as a real
-  editor fleet sends it (app/sim/bursts.py: on/off bursts from silence or a trickle, heavy-tailed
+  editor fleet sends it (app/sim/world/bursts.py: on/off bursts from silence or a trickle, heavy-tailed
   gaps, per-minute counts varying by their mean), 30 minutes at 20x the base rate (about 50
   req/s on average, 92k and 76k requests): each request's 20 copies within ±0.5 s (clustered, as
   `--rate-scale` makes them) or spread over ±30 s (`--rate-spread-s 30`: more users at the same
@@ -29,7 +29,7 @@ Halves (`--half`), fixed so that tuning never sees the workloads results are rep
 bursty-gaps, heavy-tail-output, mooncake-arxiv and the four code-bursts workloads (report here).
 
 Worlds: `profile` (the planner's own profile is the truth), `profile-1.2` (the same, 20% slower),
-and the named truths of app/sim/truth.py, `simulation.truth`: `smooth`, `one-prompt`,
+and the named truths of app/sim/world/truth.py, `simulation.truth`: `smooth`, `one-prompt`,
 `prefix-cost`, `rising-decode`, each at truth scale 1.0. Start-up delays 30, 120 and 300 s. In
 each (workload, world, delay) cell every policy (oracle, static, reactive, seed, planner) runs on
 the same world (`seed` is the reference's throughput and load modes, `planner` SLA scaling),
@@ -79,12 +79,12 @@ from pydantic import ValidationError
 
 from app.config import ScalingConfig, format_validation_error
 from app.core.traces import TraceRequest
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
-from app.sim.outputs import summarize
-from app.sim.replay import build_world, make_policy, run_policy
-from app.sim.request_table import request_table
-from app.sim.workload import WORKLOADS as WORKLOAD_BUILDERS
-from app.sim.workload import build_workload
+from app.sim.replay.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.replay.outputs import summarize
+from app.sim.replay.request_table import request_table
+from app.sim.replay.run import build_world, make_policy, run_policy
+from app.sim.world.workload import WORKLOADS as WORKLOAD_BUILDERS
+from app.sim.world.workload import build_workload
 from bench.fixed_frontier import fixed_rows, frontiers, is_fixed
 from bench.matrix_report import (  # noqa: F401 (the report's names, re-exported)
     GOAL_ATTAINMENT,
@@ -142,7 +142,7 @@ def _cached_workload(name: str) -> tuple[TraceRequest, ...]:
 
 
 def workload(name: str) -> list[TraceRequest]:
-    """The named matrix workload's requests (see app/sim/workload.py)."""
+    """The named matrix workload's requests (see app/sim/world/workload.py)."""
     return list(_cached_workload(name))
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.sim.workload import read_rate_curve
+from app.sim.world.workload import read_rate_curve
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -32,10 +32,10 @@ import numpy as np
 from app import planner_setup
 from app.core.sla import decide, step, wish
 from app.core.sla.settings import SlaTuning
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
-from app.sim.outputs import summarize
-from app.sim.replay import build_world, make_policy, run_policy
-from app.sim.request_table import request_table
+from app.sim.replay.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.replay.outputs import summarize
+from app.sim.replay.request_table import request_table
+from app.sim.replay.run import build_world, make_policy, run_policy
 from bench.replay_quality import HALVES, workload, world_name
 
 ROOT = Path(__file__).resolve().parents[1]

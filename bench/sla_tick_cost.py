@@ -15,9 +15,9 @@ import dataclasses
 import statistics
 import time
 
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
-from app.sim.replay import build_world, make_policy, run_policy
-from app.sim.workload import build_workload
+from app.sim.replay.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.replay.run import build_world, make_policy, run_policy
+from app.sim.world.workload import build_workload
 
 SIZINGS = ("headroom", "attainment")
 

@@ -39,7 +39,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from app.core.types import TrafficObservation
-from app.sim.frontend import FrontendCounters
+from app.sim.world.frontend import FrontendCounters
 from tests.support import REPO_ROOT, free_port
 
 TRACE = REPO_ROOT / "data" / "traces" / "mooncake_trace_arxiv_first1000.jsonl"

@@ -43,8 +43,8 @@ def _process_started_s() -> float:
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
-    from app.sim.fleet import is_fleet_file, run_fleet_command
-    from app.sim.replay import check_output_folder, run_command
+    from app.sim.fleet.run import is_fleet_file, run_fleet_command
+    from app.sim.replay.run import check_output_folder, run_command
 
     if args.config and is_fleet_file(args.config):
         # A fleet file names one trace per deployment itself (docs/fleet.md).
@@ -65,7 +65,7 @@ def _write_workload(name: str, out: Path) -> Path:
     """The named workload as a Mooncake trace `<out>/<name>.jsonl`, which the replay then reads
     like any trace (and which repeats the run with --trace). Arrival times are relative to its
     first request, as for every trace file."""
-    from app.sim.workload import WORKLOADS, build_workload
+    from app.sim.world.workload import WORKLOADS, build_workload
 
     if name not in WORKLOADS:
         raise ConfigError(f"--workload: unknown workload {name!r} (choose from {', '.join(WORKLOADS)})")
@@ -101,7 +101,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     source.add_argument(
         "--workload",
         metavar="NAME",
-        help="a workload of the decision-quality benchmark by name (app/sim/workload.py WORKLOADS), "
+        help="a workload of the decision-quality benchmark by name (app/sim/world/workload.py WORKLOADS), "
         "written to --out as NAME.jsonl and replayed from there",
     )
     replay.add_argument("--out", required=True, help="output directory")
@@ -129,7 +129,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "--truth",
         metavar="NAME[,NAME...]",
         help="the world's latency shape: profile (default), smooth, one-prompt, prefix-cost, "
-        "rising-decode, combined with commas (docs in app/sim/truth.py)",
+        "rising-decode, combined with commas (docs in app/sim/world/truth.py)",
     )
     replay.add_argument(
         "--rate-scale",

@@ -20,8 +20,8 @@ import pytest
 from app.core.diagnostics import TickDiagnostics
 from app.core.types import DecisionStatus
 from app.embedding import EmbeddedPlanner, TickInput
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
-from app.sim.replay import build_world, load_requests, make_policy, run_policy
+from app.sim.replay.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.replay.run import build_world, load_requests, make_policy, run_policy
 from app.store import decisions as decision_store
 from app.store.models import Tick
 from app.workers.loop import Gathered

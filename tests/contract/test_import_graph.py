@@ -339,12 +339,12 @@ def test_core_modules_are_small() -> None:
 # split), leaves the list.
 OVERSIZED_TODAY: dict[str, int] = {
     "app/reports/diagnostics_html.py": 981,
-    "app/sim/fleet.py": 692,
+    "app/sim/fleet/run.py": 692,
     "app/sources/fpm.py": 664,
-    "app/sim/demo.py": 656,
+    "app/sim/demo/run.py": 656,
     "app/config.py": 640,
     "app/workers/loop.py": 615,
-    "app/sim/live.py": 537,
+    "app/sim/demo/live.py": 537,
     "app/connectors/kubernetes.py": 534,
 }
 

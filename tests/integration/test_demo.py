@@ -29,7 +29,7 @@ import pytest
 import zmq
 
 from app.core.perf.fpm import ForwardPassMetrics, ScheduledRequestMetrics
-from app.sim.live import FpmPublisher
+from app.sim.demo.live import FpmPublisher
 from tests.support import REPO_ROOT, free_port
 
 SPEED = 100.0

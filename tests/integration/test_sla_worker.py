@@ -18,7 +18,7 @@ import pytest
 from app.core.sla.capacity import LengthMix, prefill_engines
 from app.core.sla.latency import prior_models
 from app.planner_setup import DEFAULT_MAX_NUM_BATCHED_TOKENS
-from app.sim.frontend import FrontendCounters
+from app.sim.world.frontend import FrontendCounters
 from app.sources.frontend_scrape import FrontendScrapeSource
 from tests.integration.test_fpm_zmq import WAIT_S, spawn  # noqa: F401  (fixture)
 from tests.support import REPO_ROOT, demo_config

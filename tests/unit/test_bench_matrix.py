@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import pytest
 
 from app.core.traces import TraceRequest
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
-from app.sim.policies import FixedPolicy
-from app.sim.replay import build_world, make_policy, run_policy
-from app.sim.truth import WORLDS as TRUTH_WORLDS
-from app.sim.workload import WORKLOADS as WORKLOAD_BUILDERS
+from app.sim.replay.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.replay.policies import FixedPolicy
+from app.sim.replay.run import build_world, make_policy, run_policy
+from app.sim.world.truth import WORLDS as TRUTH_WORLDS
+from app.sim.world.workload import WORKLOADS as WORKLOAD_BUILDERS
 from bench import fixed_frontier as ff
 from bench import replay_quality as rq
 

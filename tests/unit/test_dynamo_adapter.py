@@ -238,7 +238,7 @@ def test_policy_drives_the_planner_on_the_replay_clock():
 
 def test_the_real_planner_accepts_a_translated_tick():
     from app.embedding import EmbeddedPlanner
-    from app.sim.config import load_replay_config
+    from app.sim.replay.config import load_replay_config
 
     config = load_replay_config(Path(__file__).resolve().parents[2] / "examples" / "replay.yaml")
     policy = da.PlannerScalingPolicy(EmbeddedPlanner.from_config(config.deployment, base_dir=config.base_dir))

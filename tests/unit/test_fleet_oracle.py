@@ -1,4 +1,4 @@
-"""The fleet's oracle (app/sim/fleet_oracle.py) and `planner replay --fleet-policy oracle`: each
+"""The fleet's oracle (app/sim/fleet/oracle.py) and `planner replay --fleet-policy oracle`: each
 deployment's r* as the single oracle computes it, cut to the budget by the fleet step's rules."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import json
 import pytest
 
 from app.config import REPO_ROOT
-from app.sim.fleet import load_fleet_config, load_fleet_requests
-from app.sim.fleet_oracle import fleet_oracle
-from app.sim.oracle import oracle_plan
-from app.sim.replay import load_models
+from app.sim.fleet.oracle import fleet_oracle
+from app.sim.fleet.run import load_fleet_config, load_fleet_requests
+from app.sim.replay.oracle import oracle_plan
+from app.sim.replay.run import load_models
 
 PROFILE = REPO_ROOT / "data" / "profiles" / "h200-llama3.1-8b-fp8"
 

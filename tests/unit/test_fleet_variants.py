@@ -322,8 +322,8 @@ def test_variants_load_with_capacities_and_gpus():
 
 
 def test_a_variant_cluster_runs_each_variant_on_its_own_truth():
-    from app.sim.truth import TruthModel
-    from app.sim.variant_cluster import VariantCluster
+    from app.sim.fleet.variant_cluster import VariantCluster
+    from app.sim.world.truth import TruthModel
 
     fast = TruthModel(PerfModel.from_profile(load_profile(PROFILE)))
     slow = TruthModel(PerfModel.from_profile(scaled_profile(load_profile(PROFILE), 2.0)))

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from app.core.perf.interpolation import PerfModel
-from app.sim.cluster import ReplicaSample
-from app.sim.engines import SimRequest
-from app.sim.request_table import request_table
-from app.sim.results import OracleStep, ReplayResult
-from app.sim.truth import TruthModel
+from app.sim.replay.request_table import request_table
+from app.sim.replay.results import OracleStep, ReplayResult
+from app.sim.world.cluster import ReplicaSample
+from app.sim.world.engines import SimRequest
+from app.sim.world.truth import TruthModel
 from app.sources.profile_files import load_profile
 from bench import miss_causes as mc
 

@@ -1,4 +1,4 @@
-"""The simulated worlds (`--truth`, app/sim/truth.py): each world's latencies against the profile's
+"""The simulated worlds (`--truth`, app/sim/world/truth.py): each world's latencies against the profile's
 own figures, the engines and the oracle honouring them, `max_num_seqs`, unservable requests, the
 configuration's errors, and a small replay per world.
 
@@ -21,12 +21,12 @@ from app.cli import main
 from app.config import ConfigError
 from app.core.perf.interpolation import PerfModel
 from app.core.traces import TraceRequest
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
-from app.sim.engines import DecodeEngine, PrefillEngine, SimRequest
-from app.sim.oracle import decode_capacity
-from app.sim.outputs import summarize, unservable_mask, unservable_requests
-from app.sim.replay import build_world, load_models, make_policy, run_policy
-from app.sim.truth import PLATEAU_TOLERANCE, PREFIX_COST_MS_PER_TOKEN2, WORLDS, TruthModel
+from app.sim.replay.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.replay.oracle import decode_capacity
+from app.sim.replay.outputs import summarize, unservable_mask, unservable_requests
+from app.sim.replay.run import build_world, load_models, make_policy, run_policy
+from app.sim.world.engines import DecodeEngine, PrefillEngine, SimRequest
+from app.sim.world.truth import PLATEAU_TOLERANCE, PREFIX_COST_MS_PER_TOKEN2, WORLDS, TruthModel
 from app.sources.profile_files import load_profile
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

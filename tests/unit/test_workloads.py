@@ -17,9 +17,9 @@ import pytest
 from app.cli import main as planner_main
 from app.config import ConfigError
 from app.core.traces import TraceRequest
-from app.sim.bursts import code_bursts, completion_lengths, traffic_stats
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
-from app.sim.workload import (
+from app.sim.replay.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.world.bursts import code_bursts, completion_lengths, traffic_stats
+from app.sim.world.workload import (
     AZURE_CONV,
     DATA_DIR,
     MAX_CONTEXT_TOKENS,

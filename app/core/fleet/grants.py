@@ -1,6 +1,6 @@
 """How a deployment's planner lives with its fleet grant: the pure part both shells share.
 
-`planner replay` (app/sim/fleet.py) and `planner serve` (app/workers/fleet.py and the worker
+`planner replay` (app/sim/fleet/run.py) and `planner serve` (app/workers/fleet.py and the worker
 loop) run exactly this code around the fleet step (app/core/fleet/step.py), so the replay measures
 what the service does:
 

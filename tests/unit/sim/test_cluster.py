@@ -20,9 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.core.perf.fpm import ForwardPassMetrics
 from app.core.perf.interpolation import PerfModel
 from app.core.traces import TraceRequest
-from app.sim.cluster import Cluster, ReplicaSample
-from app.sim.engines import DecodeEngine, SimRequest
-from app.sim.truth import TruthModel
+from app.sim.world.cluster import Cluster, ReplicaSample
+from app.sim.world.engines import DecodeEngine, SimRequest
+from app.sim.world.truth import TruthModel
 from app.sources.profile_files import load_profile
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

@@ -18,8 +18,7 @@ import pytest
 
 from app.core.perf.interpolation import PerfModel
 from app.core.traces import TraceRequest
-from app.sim.cluster import Cluster
-from app.sim.oracle import (
+from app.sim.replay.oracle import (
     OracleSchedule,
     combine,
     decode_capacity,
@@ -27,7 +26,8 @@ from app.sim.oracle import (
     oracle_schedule,
     required_engines,
 )
-from app.sim.truth import TruthModel
+from app.sim.world.cluster import Cluster
+from app.sim.world.truth import TruthModel
 from app.sources.profile_files import load_profile
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

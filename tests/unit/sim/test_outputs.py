@@ -1,4 +1,4 @@
-"""A replay's outputs (app/sim/outputs.py, app/sim/report.py) on a hand-built ReplayResult whose
+"""A replay's outputs (app/sim/replay/outputs.py, app/sim/replay/report.py) on a hand-built ReplayResult whose
 expected numbers are worked out by hand below, not by the code under test."""
 
 from __future__ import annotations
@@ -10,9 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.sim.cluster import ReplicaSample
-from app.sim.engines import SimRequest
-from app.sim.outputs import (
+from app.sim.replay.outputs import (
     DECISION_COLUMNS,
     REPLICA_COLUMNS,
     REQUEST_COLUMNS,
@@ -20,7 +18,7 @@ from app.sim.outputs import (
     target_changes,
     write_outputs,
 )
-from app.sim.report import (
+from app.sim.replay.report import (
     HOLD,
     MIXED,
     SCALE_DOWN,
@@ -30,8 +28,10 @@ from app.sim.report import (
     decision_kinds,
     render_report,
 )
-from app.sim.request_table import request_table
-from app.sim.results import DecisionEvent, OracleStep, ReplayResult
+from app.sim.replay.request_table import request_table
+from app.sim.replay.results import DecisionEvent, OracleStep, ReplayResult
+from app.sim.world.cluster import ReplicaSample
+from app.sim.world.engines import SimRequest
 
 TTFT_TARGET_MS = 250.0
 ITL_TARGET_MS = 25.0

@@ -10,10 +10,10 @@ import pytest
 
 from app.core.seed.replicas import plan_replicas
 from app.core.traces import TraceRequest, bucket_requests
-from app.sim.config import DEFAULT_REPLAY_CONFIG, ReactiveConfig, load_replay_config, with_overrides
-from app.sim.outputs import summarize
-from app.sim.policies import ReactivePolicy, StaticPolicy
-from app.sim.replay import build_world, make_policy, run_policy
+from app.sim.replay.config import DEFAULT_REPLAY_CONFIG, ReactiveConfig, load_replay_config, with_overrides
+from app.sim.replay.outputs import summarize
+from app.sim.replay.policies import ReactivePolicy, StaticPolicy
+from app.sim.replay.run import build_world, make_policy, run_policy
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from app.config import ConfigError
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.replay.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -11,11 +11,11 @@ import random
 import pytest
 
 from app.core.traces import TraceRequest
-from app.sim.cluster import Cluster
-from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
-from app.sim.frontend import FrontendCounters
-from app.sim.outputs import summarize
-from app.sim.replay import build_world, make_policy, run_policy
+from app.sim.replay.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+from app.sim.replay.outputs import summarize
+from app.sim.replay.run import build_world, make_policy, run_policy
+from app.sim.world.cluster import Cluster
+from app.sim.world.frontend import FrontendCounters
 
 STARTUP_S = 30.0
 QUIET_S = 60.0

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from app.core.traces import TraceRequest
-from app.sim.workload import RateWindow, expand_rate, read_rate_curve, synthesize
+from app.sim.world.workload import RateWindow, expand_rate, read_rate_curve, synthesize
 
 TRACE = [TraceRequest(0.2, 100, 10), TraceRequest(5.0, 200, 20), TraceRequest(9.0, 300, 30)]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.sim.cluster import ReplicaSample
-from app.sim.engines import SimRequest
+from app.sim.world.cluster import ReplicaSample
+from app.sim.world.engines import SimRequest
 
 
 @dataclass(frozen=True)

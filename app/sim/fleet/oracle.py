@@ -1,7 +1,7 @@
 """The fleet's clairvoyant oracle: every deployment's future known, the budget shared by the fleet
 step's own rules (`--fleet-policy oracle`, and the yardstick of the other fleet policies).
 
-1. Each deployment's r*, as the single-deployment oracle computes it (app/sim/oracle.py
+1. Each deployment's r*, as the single-deployment oracle computes it (app/sim/replay/oracle.py
    `required_engines`: the fewest engines per role and interval that meet both targets at the
    load that actually arrives, in the simulated world).
 2. Per interval, the fleet step (app/core/fleet/step.py) grants those r* as wishes, from no previous
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from app.config import DeploymentConfig, FleetConfig
 from app.core.fleet.step import FleetMember, FleetSettings, FleetState, fleet_step
 from app.core.traces import TraceRequest
-from app.sim.cluster import ROLES
-from app.sim.oracle import OracleSchedule, oracle_schedule, required_engines
-from app.sim.truth import TruthModel
+from app.sim.replay.oracle import OracleSchedule, oracle_schedule, required_engines
+from app.sim.world.cluster import ROLES
+from app.sim.world.truth import TruthModel
 
 
 @dataclass(frozen=True)

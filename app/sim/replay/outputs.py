@@ -1,6 +1,6 @@
 """A replay's outputs: summary.json, requests.csv, replicas.csv, decisions.csv and report.html.
 
-Per-request quantities come from one `request_table` (`app/sim/request_table.py`, which also states
+Per-request quantities come from one `request_table` (`app/sim/replay/request_table.py`, which also states
 the SLO rules), computed once and shared by every file written here.
 """
 
@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from app.sim.cluster import ROLES, ReplicaSample
-from app.sim.engines import SimRequest
-from app.sim.request_table import RequestTable, request_table
-from app.sim.results import ReplayResult
-from app.sim.truth import TruthModel
-from app.sim.zero import summarize_zero
+from app.sim.replay.request_table import RequestTable, request_table
+from app.sim.replay.results import ReplayResult
+from app.sim.replay.zero import summarize_zero
+from app.sim.world.cluster import ROLES, ReplicaSample
+from app.sim.world.engines import SimRequest
+from app.sim.world.truth import TruthModel
 
 REQUEST_COLUMNS = (
     "id",
@@ -220,8 +220,8 @@ def write_outputs(
     summary, requests, replicas, decisions, report. `truth` is summarize's (when it makes the
     summary)."""
     # Imported here, as before, so that importing this module for summarize() (the benchmarks do)
-    # does not load plotly; there is no cycle to hide any more (app/sim/request_table.py).
-    from app.sim.report import render_report
+    # does not load plotly; there is no cycle to hide any more (app/sim/replay/request_table.py).
+    from app.sim.replay.report import render_report
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 
 from app.core.fleet.variants import Variant, split_wish
 from app.core.traces import TraceRequest
-from app.sim.cluster import ROLES, Cluster, _Slot
-from app.sim.truth import TruthModel
+from app.sim.world.cluster import ROLES, Cluster, _Slot
+from app.sim.world.truth import TruthModel
 
 _EPS = 1e-9
 

@@ -18,9 +18,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from app.plotting import LOG_AXIS
-from app.sim.cluster import ReplicaSample
-from app.sim.request_table import RequestTable, request_table
-from app.sim.results import DecisionEvent, OracleStep, ReplayResult
+from app.sim.replay.request_table import RequestTable, request_table
+from app.sim.replay.results import DecisionEvent, OracleStep, ReplayResult
+from app.sim.world.cluster import ReplicaSample
 
 LOAD_BIN_S = 10.0
 MIX_BIN_S = 60.0

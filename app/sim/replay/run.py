@@ -25,12 +25,12 @@ from app.core.perf.interpolation import PerfModel
 from app.core.traces import TraceRequest
 from app.embedding import EmbeddedPlanner
 from app.planner_setup import DEFAULT_MAX_NUM_BATCHED_TOKENS
-from app.sim.cluster import ROLES, Cluster
-from app.sim.config import POLICIES, ReplayConfig
-from app.sim.oracle import OraclePlan, oracle_plan
-from app.sim.policies import OraclePolicy, PlannerPolicy, Policy, ReactivePolicy, StaticPolicy
-from app.sim.results import DecisionEvent, ReplayResult
-from app.sim.truth import TruthModel
+from app.sim.replay.config import POLICIES, ReplayConfig
+from app.sim.replay.oracle import OraclePlan, oracle_plan
+from app.sim.replay.policies import OraclePolicy, PlannerPolicy, Policy, ReactivePolicy, StaticPolicy
+from app.sim.replay.results import DecisionEvent, ReplayResult
+from app.sim.world.cluster import ROLES, Cluster
+from app.sim.world.truth import TruthModel
 from app.sources.profile_files import load_profile
 
 # How often the progress callback hears from a run, in simulated seconds.
@@ -216,7 +216,7 @@ def run_policy(
 
 def load_requests(config: ReplayConfig, trace: Path) -> list[TraceRequest]:
     """The trace at the configured rate scale; a bad file is one ConfigError naming it."""
-    from app.sim.workload import expand_rate
+    from app.sim.world.workload import expand_rate
     from app.sources.traces import load_trace
 
     try:
@@ -290,8 +290,8 @@ def run_command(args: Any, *, started_s: float | None = None) -> int:
     """`planner replay` (arguments parsed by app/cli/replay.py; the output folder already checked).
     `started_s`: when the command started (`time.perf_counter()`), so that the wall time it
     reports is the whole command's, loading and writing included."""
-    from app.sim.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
-    from app.sim.outputs import summarize, write_outputs
+    from app.sim.replay.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
+    from app.sim.replay.outputs import summarize, write_outputs
 
     started_s = time.perf_counter() if started_s is None else started_s
     quiet = bool(getattr(args, "quiet", False))

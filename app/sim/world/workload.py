@@ -2,7 +2,7 @@
 curve (ServeGen's per-window request rates) with request lengths drawn from a real trace, and
 generators for traffic patterns the planner was not tuned on (bursts with idle gaps, a flash
 crowd, a smooth day, long prompts, heavy-tailed outputs, code completion's bursts out of
-silence: app/sim/bursts.py).
+silence: app/sim/world/bursts.py).
 
 All are seeded and deterministic: the same inputs give the same requests. `WORKLOADS` names
 every workload of the decision-quality benchmark (bench/replay_quality.py), built from the
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from app.config import REPO_ROOT
 from app.core.traces import TraceRequest
-from app.sim.bursts import code_bursts
+from app.sim.world.bursts import code_bursts
 from app.sources.traces import load_trace
 
 JITTER_S = 0.5
@@ -371,7 +371,7 @@ def _heavy_tail_output(data_dir: Path) -> list[TraceRequest]:
     return heavy_tail_output(load_trace(data_dir / AZURE_CONV), seed=0)
 
 
-# Code completion at 20x its own rate (code_bursts, app/sim/bursts.py: 30 minutes of bursts out
+# Code completion at 20x its own rate (code_bursts, app/sim/world/bursts.py: 30 minutes of bursts out
 # of silence, 2.6 requests/s at 1x with seed 0, 2.1 with seed 1), as 20x the users would send
 # it: each request copied 20 times, within ±0.5 s of it (clustered: the silences kept, every
 # request a one-second burst of 20) or within ±30 s (spread: the same minutes, smoother seconds,

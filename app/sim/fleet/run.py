@@ -16,7 +16,7 @@ and then, by policy:
   served: a scale-up gets the free GPUs in the order the requests became unmet, and an engine
   once granted is kept until its own planner lets it go (pods pending on a full cluster);
 - `oracle`: no planner; every deployment's clairvoyant schedule, its r* cut to the budget by the
-  fleet step (app/sim/fleet_oracle.py). Every policy's run computes it, so that each reports
+  fleet step (app/sim/fleet/oracle.py). Every policy's run computes it, so that each reports
   its GPU-hours over the oracle's.
 
 Engines being drained still hold their GPUs, so the GPUs billed at one moment may briefly exceed
@@ -53,14 +53,14 @@ from app.core.fleet.variants import Variant, variant_key
 from app.core.traces import TraceRequest
 from app.core.types import ActiveOverrides
 from app.embedding import EmbeddedPlanner, TickInput, TrafficWindow
-from app.sim.cluster import ROLES, Cluster
-from app.sim.config import ReplayConfig, SimulationConfig, _SimulationSection
-from app.sim.fleet_oracle import FleetOracle, fleet_oracle
-from app.sim.frontend import FrontendCounters
-from app.sim.outputs import summarize
-from app.sim.replay import load_models
-from app.sim.results import DecisionEvent, ReplayResult
-from app.sim.variant_cluster import VariantCluster
+from app.sim.fleet.oracle import FleetOracle, fleet_oracle
+from app.sim.fleet.variant_cluster import VariantCluster
+from app.sim.replay.config import ReplayConfig, SimulationConfig, _SimulationSection
+from app.sim.replay.outputs import summarize
+from app.sim.replay.results import DecisionEvent, ReplayResult
+from app.sim.replay.run import load_models
+from app.sim.world.cluster import ROLES, Cluster
+from app.sim.world.frontend import FrontendCounters
 
 FLEET_POLICIES = ("fleet", "equal", "fcfs", "oracle")
 
@@ -69,7 +69,7 @@ class TraceSpec(Strict):
     """One deployment's traffic: a trace file (relative to the fleet file) or a named workload."""
 
     trace: str | None = None
-    workload: str | None = None  # app/sim/workload.py WORKLOADS
+    workload: str | None = None  # app/sim/world/workload.py WORKLOADS
     rate_scale: float = Field(default=1.0, gt=0)  # below 1 thins the trace, above 1 multiplies it
     duration_s: float | None = Field(default=None, gt=0)  # keep only the arrivals before this
     seed: int = Field(default=0, ge=0)
@@ -79,7 +79,7 @@ class TraceSpec(Strict):
         if (self.trace is None) == (self.workload is None):
             raise ValueError("give exactly one of trace or workload")
         if self.workload is not None:
-            from app.sim.workload import WORKLOADS
+            from app.sim.world.workload import WORKLOADS
 
             if self.workload not in WORKLOADS:
                 raise ValueError(f"workload: unknown {self.workload!r} (choose from {', '.join(WORKLOADS)})")
@@ -153,7 +153,7 @@ def load_fleet_config(path: str | Path) -> FleetReplayConfig:
 
 
 def load_fleet_requests(config: FleetReplayConfig, name: str) -> list[TraceRequest]:
-    from app.sim.workload import build_workload, expand_rate
+    from app.sim.world.workload import build_workload, expand_rate
     from app.sources.traces import load_trace
 
     spec = config.traces[name]
@@ -411,7 +411,7 @@ def _variant_cluster(
     `load_models`, on the variant's perf model)."""
     from app.fleet_hardware import load_variants, variant_models
     from app.planner_setup import DEFAULT_MAX_NUM_BATCHED_TOKENS
-    from app.sim.truth import TruthModel
+    from app.sim.world.truth import TruthModel
 
     sim, entry = config.simulation, config.fleet.member(d.name)
     variants = load_variants(d, entry, config.base_dir)

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from app.sim.cluster import ROLES, ReplicaSample
-from app.sim.engines import SimRequest
+from app.sim.world.cluster import ROLES, ReplicaSample
+from app.sim.world.engines import SimRequest
 
 
 def zero_periods(timeline: Sequence[ReplicaSample], end_s: float) -> list[dict[str, float | None]]:

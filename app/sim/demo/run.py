@@ -1,8 +1,8 @@
 """`planner demo`: the real service against a simulated cluster, in accelerated real time.
 
 The demo process runs:
-- the simulated cluster (`app/sim/cluster.py`) replaying a trace, in a thread of its own
-  (`app/sim/realtime.py`) that advances it in bounded slices on the **simulated clock**: a
+- the simulated cluster (`app/sim/world/cluster.py`) replaying a trace, in a thread of its own
+  (`app/sim/demo/realtime.py`) that advances it in bounded slices on the **simulated clock**: a
   `SharedClockWriter` file the planner service reads too (`PLANNER_CLOCK_FILE`), running
   --speed simulated seconds per wall second, slower (said once in the log) while the simulator
   cannot keep up, so the planner always sees the traffic the trace has;
@@ -47,13 +47,13 @@ import yaml
 
 from app.config import REPO_ROOT, ConfigError, DeploymentConfig, load_deployments
 from app.core.traces import TraceRequest
-from app.sim.cluster import ROLES, Cluster
-from app.sim.config import DEFAULT_REPLAY_CONFIG, ReplayConfig, load_replay_config, with_overrides
-from app.sim.live import FpmPublisher, HttpEndpoint, Orchestrator, PlannerService, ServiceError
-from app.sim.oracle import required_engines
-from app.sim.realtime import PROMETHEUS_TEXT, SimulationThread
-from app.sim.replay import load_models, load_requests
-from app.sim.truth import TruthModel
+from app.sim.demo.live import FpmPublisher, HttpEndpoint, Orchestrator, PlannerService, ServiceError
+from app.sim.demo.realtime import PROMETHEUS_TEXT, SimulationThread
+from app.sim.replay.config import DEFAULT_REPLAY_CONFIG, ReplayConfig, load_replay_config, with_overrides
+from app.sim.replay.oracle import required_engines
+from app.sim.replay.run import load_models, load_requests
+from app.sim.world.cluster import ROLES, Cluster
+from app.sim.world.truth import TruthModel
 from app.workers.clock import SIM_EPOCH, SharedClockWriter
 
 log = logging.getLogger(__name__)

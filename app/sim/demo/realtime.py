@@ -28,8 +28,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.sim.cluster import ROLES, Cluster
-from app.sim.live import FpmPublisher
+from app.sim.demo.live import FpmPublisher
+from app.sim.world.cluster import ROLES, Cluster
 from app.workers.clock import SharedClockWriter
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.core.perf.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics
-from app.sim.truth import TruthModel
+from app.sim.world.truth import TruthModel
 
 FpmCallback = Callable[[ForwardPassMetrics], None]
 

@@ -22,7 +22,7 @@ from app.config import (
     read_yaml_mapping,
     validate_deployments,
 )
-from app.sim.truth import parse_worlds
+from app.sim.world.truth import parse_worlds
 
 DEFAULT_REPLAY_CONFIG = REPO_ROOT / "examples" / "replay.yaml"
 POLICIES = ("planner", "seed", "static", "reactive", "oracle")
@@ -55,7 +55,7 @@ class SimulationConfig(Strict):
     rate_spread_s: float = Field(default=0.5, ge=0, allow_inf_nan=False)
     truth_scale: float = Field(default=1.0, gt=0)
     truth_profile: str | None = None  # default: the deployment's profile
-    # The world's latency shape (app/sim/truth.py WORLDS), names combined with commas.
+    # The world's latency shape (app/sim/world/truth.py WORLDS), names combined with commas.
     truth: str = "profile"
     seed: int = 0
     # Engines of each role at t = 0 for planner and reactive (static and oracle size their own);

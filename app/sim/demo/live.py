@@ -9,9 +9,9 @@
 - `PlannerService`: `planner serve` as a child process, started and stopped cleanly;
 - `Orchestrator`: the virtual connector's other side, over HTTP: long-poll
   `GET /decisions/wait`, order the engines (`ClusterControl`: the simulator thread of
-  app/sim/realtime.py), wait until they are up, `POST /decisions/{id}/complete`.
+  app/sim/demo/realtime.py), wait until they are up, `POST /decisions/{id}/complete`.
 
-Nothing here knows about wall-clock speed: the demo (`app/sim/demo.py`) owns the clock.
+Nothing here knows about wall-clock speed: the demo (`app/sim/demo/run.py`) owns the clock.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import uvicorn
 import zmq
 
 from app.core.perf.fpm import ForwardPassMetrics
-from app.sim.cluster import ROLES
+from app.sim.world.cluster import ROLES
 
 log = logging.getLogger(__name__)
 

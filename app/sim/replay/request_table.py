@@ -1,7 +1,7 @@
 """A replay's per-request table: the quantities every output derives from each request, as numpy
 columns (`request_table`). A long trace has ~600k requests, and a Python pass per request and per
 metric would dominate the write time, so they are computed once and shared by the summary and
-requests.csv (`app/sim/outputs.py`) and the HTML report (`app/sim/report.py`).
+requests.csv (`app/sim/replay/outputs.py`) and the HTML report (`app/sim/replay/report.py`).
 
 SLO rules (the same in the summary and in requests.csv's `met_slo`, so its mean is
 `slo_attainment`): a request meets its SLO when it finished, its TTFT is within the target and its
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.sim.engines import SimRequest
+from app.sim.world.engines import SimRequest
 
 
 @dataclass(frozen=True)

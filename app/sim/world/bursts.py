@@ -10,7 +10,7 @@ A real code-completion trace at its own rate (58 minutes, about 2.5 requests/s) 
 - a minute's count over the previous minute's: 90th percentile about 23x;
 - prompts: mean 2,048 tokens, median 1,469, p99 7,436; outputs: mean 28, median 13, p99 252.
 
-`code_bursts` reproduces these at 1x (`traffic_stats` measures them); app/sim/workload.py
+`code_bursts` reproduces these at 1x (`traffic_stats` measures them); app/sim/world/workload.py
 replays it at 20x as 20x the users would make it, each request copied 20 times.
 """
 

@@ -65,10 +65,10 @@ import numpy as np
 
 from app.core.sla.capacity import largest_meeting
 from app.core.traces import TraceRequest
-from app.sim.cluster import ROLES
-from app.sim.engines import PrefillEngine, SimRequest
-from app.sim.results import OracleStep
-from app.sim.truth import TruthModel
+from app.sim.replay.results import OracleStep
+from app.sim.world.cluster import ROLES
+from app.sim.world.engines import PrefillEngine, SimRequest
+from app.sim.world.truth import TruthModel
 
 # A simulated TTFT is a sum of iteration times minus the arrival: allow for float rounding when
 # comparing it with a target it may equal exactly (a request alone on an idle engine).

@@ -4,7 +4,7 @@
 - `static`: fixed replicas sized by the profile for the trace's busiest minute;
 - `fixed`: given counts, ordered at the first tick from the replay's start and held all run;
 - `reactive`: an HPA-like baseline on queue depth (prefill) and KV use (decode);
-- `oracle`: the clairvoyant schedule of `app/sim/oracle.py`, applied on time.
+- `oracle`: the clairvoyant schedule of `app/sim/replay/oracle.py`, applied on time.
 
 A policy sees the cluster only through what a real controller could read (frontend counters,
 engine queues and FPM, ready counts); the oracle alone reads the future, by definition.
@@ -21,10 +21,10 @@ from app.core.perf.interpolation import PerfModel
 from app.core.seed.replicas import plan_replicas
 from app.core.traces import TraceRequest, bucket_requests
 from app.embedding import EmbeddedPlanner, TickInput, TrafficWindow
-from app.sim.cluster import ROLES, Cluster
-from app.sim.config import ReactiveConfig
-from app.sim.engines import DecodeEngine, PrefillEngine
-from app.sim.frontend import FrontendCounters
+from app.sim.replay.config import ReactiveConfig
+from app.sim.world.cluster import ROLES, Cluster
+from app.sim.world.engines import DecodeEngine, PrefillEngine
+from app.sim.world.frontend import FrontendCounters
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 from app.core.perf.fpm import ForwardPassMetrics
 from app.core.traces import TraceRequest
-from app.sim.engines import DecodeEngine, PrefillEngine, SimRequest
-from app.sim.frontend import FrontendCounters
-from app.sim.truth import TruthModel
+from app.sim.world.engines import DecodeEngine, PrefillEngine, SimRequest
+from app.sim.world.frontend import FrontendCounters
+from app.sim.world.truth import TruthModel
 
 Engine = PrefillEngine | DecodeEngine
 ROLES = ("prefill", "decode")
