@@ -34,6 +34,7 @@ from app.store import decisions as decision_store
 from app.store import fleet as fleet_store
 from app.store import ticks as tick_store
 from app.workers.clock import Clock
+from app.workers.lease import stop_leased
 
 log = logging.getLogger(__name__)
 
@@ -244,17 +245,12 @@ class FleetWorker:
         self._task = asyncio.create_task(self.run(), name="fleet")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-        try:
-            with self._sf() as session, session.begin():
-                fleet_store.release_fleet_lease(session, holder=self._holder)
-        except Exception:  # shutting down; the lease expires on its own
-            log.warning("could not release the fleet lease", exc_info=True)
+        await stop_leased(
+            self._task,
+            self._sf,
+            lambda session: fleet_store.release_fleet_lease(session, holder=self._holder),
+            what="fleet lease",
+        )
 
     @property
     def running(self) -> bool:

@@ -48,6 +48,7 @@ from app.store import ticks as tick_store
 from app.store.models import Decision, PlannerStateRow
 from app.store.overrides import active_overrides
 from app.workers.clock import Clock
+from app.workers.lease import stop_leased
 
 log = logging.getLogger(__name__)
 
@@ -580,23 +581,16 @@ class DeploymentWorker:
     async def stop(self) -> None:
         for subscriber in self.fpm.values():
             await asyncio.to_thread(subscriber.stop)
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-        try:
-            with self._sf() as session, session.begin():
-                tick_store.release_lease(session, deployment=self.config.name, holder=self._holder)
-            self._metrics.leader.labels(self.config.name).set(0)  # released, not lost
-        except Exception:  # shutting down; the lease expires on its own
-            log.warning(
-                "[%s] could not release the worker lease",
-                self.config.name,
-                exc_info=True,
-                extra={"deployment": self.config.name},
-            )
+        name = self.config.name
+        released = await stop_leased(
+            self._task,
+            self._sf,
+            lambda session: tick_store.release_lease(session, deployment=name, holder=self._holder),
+            what=f"worker lease of {name}",
+            extra={"deployment": name},
+        )
+        if released:
+            self._metrics.leader.labels(name).set(0)  # released, not lost
 
     @property
     def running(self) -> bool:
