@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from app.api.routes import diagnostics as route
-from app.reports.diagnostics_html import _build_figure, _changes, _gapped, _read, render_diagnostics_report
+from app.reports.diagnostics.page import _build_figure, render_diagnostics_report
+from app.reports.diagnostics.read import _changes, _gapped, _read
 from app.store.ticks import add_tick
 from tests.api.helpers import TOKENS, VIEWER, assert_problem, bearer, pin, tick, two_deployments
 from tests.conftest import T0, Api

@@ -15,7 +15,7 @@ from app.api.errors import problem_responses
 from app.api.schemas import MAX_ID, TickPage
 from app.config import DeploymentConfig, DeploymentsFile
 from app.core.errors import InvalidInputError
-from app.reports.diagnostics_html import render_diagnostics_report
+from app.reports.diagnostics.page import render_diagnostics_report
 from app.store import ticks as store
 
 # The reference's DiagnosticsRecorder keeps at most 50 000 snapshots; so does one report (2.9 days

@@ -59,7 +59,7 @@
     document.getElementById("auth-message").textContent = message;
   }
 
-  // --- reading tick records (as app/reports/diagnostics_html.py does) ----------------------------
+  // --- reading tick records (as app/reports/diagnostics/read.py does) ----------------------------
 
   function num(v) {
     return typeof v === "number" && isFinite(v) ? v : null;

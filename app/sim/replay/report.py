@@ -7,9 +7,7 @@ grows with the trace's duration, not with its request count (plotly.js itself is
 
 from __future__ import annotations
 
-import html
 import math
-import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +15,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.plotting import LOG_AXIS
+from app.plotting import LOG_AXIS, figure_html, hover_text, html_page, lay_out_panels, legend_name
 from app.sim.replay.request_table import RequestTable, request_table
 from app.sim.replay.results import DecisionEvent, OracleStep, ReplayResult
 from app.sim.world.cluster import ReplicaSample
@@ -130,13 +128,10 @@ def decision_kinds(decisions: Sequence[DecisionEvent], initial: dict[str, int]) 
 
 
 def _decision_hover(decision: DecisionEvent) -> str:
-    # Plotly renders hover text as a small HTML subset: the reason is escaped, and wrapped because
-    # hover boxes do not wrap by themselves.
     lines = [f"t = {decision.at_s / 60.0:.2f} min"]
     if decision.target is not None:
-        lines.append(html.escape(", ".join(f"{role} → {n}" for role, n in decision.target.items())))
-    lines += [html.escape(line) for line in textwrap.wrap(decision.reason, 90)]
-    return "<br>".join(lines)
+        lines.append(", ".join(f"{role} → {n}" for role, n in decision.target.items()))
+    return hover_text(lines, decision.reason)
 
 
 def _build_figure(result: ReplayResult, table: RequestTable) -> go.Figure:
@@ -154,20 +149,19 @@ def _build_figure(result: ReplayResult, table: RequestTable) -> go.Figure:
         specs=[[{"secondary_y": True}]] + [[{}] for _ in range(5)],
     )
 
-    def legend(row: int) -> str:
-        return "legend" if row == 1 else f"legend{row}"
-
     # (1) load
     t_s, rate = _rate_per_bin(table.arrival_s, LOAD_BIN_S)
     fig.add_trace(
-        go.Scatter(x=t_s / 60.0, y=rate, name="requests/s", line={"width": 1}, legend=legend(1)),
+        go.Scatter(x=t_s / 60.0, y=rate, name="requests/s", line={"width": 1}, legend=legend_name(1)),
         row=1,
         col=1,
     )
     for name, tokens, dash in (("mean ISL", table.isl, "solid"), ("mean OSL", table.osl, "dot")):
         t_s, mean = _mean_per_bin(table.arrival_s, tokens, MIX_BIN_S)
         fig.add_trace(
-            go.Scatter(x=t_s / 60.0, y=mean, name=name, line={"dash": dash, "width": 1}, legend=legend(1)),
+            go.Scatter(
+                x=t_s / 60.0, y=mean, name=name, line={"dash": dash, "width": 1}, legend=legend_name(1)
+            ),
             row=1,
             col=1,
             secondary_y=True,
@@ -192,7 +186,7 @@ def _build_figure(result: ReplayResult, table: RequestTable) -> go.Figure:
                     name=f"{role} {name}",
                     mode="lines",
                     line={"shape": "hv", "dash": dash, "color": colour, "width": 1.5},
-                    legend=legend(row),
+                    legend=legend_name(row),
                 ),
                 row=row,
                 col=1,
@@ -212,7 +206,7 @@ def _build_figure(result: ReplayResult, table: RequestTable) -> go.Figure:
                     name=f"{name} {q}",
                     mode="lines",
                     line={"width": 1},
-                    legend=legend(row),
+                    legend=legend_name(row),
                 ),
                 row=row,
                 col=1,
@@ -225,7 +219,7 @@ def _build_figure(result: ReplayResult, table: RequestTable) -> go.Figure:
                 name=f"{name} target",
                 mode="lines",
                 line={"dash": "dash", "color": "black", "width": 1},
-                legend=legend(row),
+                legend=legend_name(row),
             ),
             row=row,
             col=1,
@@ -250,7 +244,7 @@ def _build_figure(result: ReplayResult, table: RequestTable) -> go.Figure:
                 marker={"color": _KIND_COLOURS[kind], "size": 10, "symbol": "line-ns-open"},
                 hovertext=[_decision_hover(d) for d in chosen],
                 hoverinfo="text",
-                legend=legend(6),
+                legend=legend_name(6),
             ),
             row=6,
             col=1,
@@ -270,24 +264,7 @@ def _build_figure(result: ReplayResult, table: RequestTable) -> go.Figure:
     fig.update_xaxes(title_text="minutes since the trace's start", row=6, col=1)
     fig.update_xaxes(showticklabels=True)
 
-    # One legend per panel, beside it: a single legend of 20 entries cannot say which panel is which.
-    legends: dict[str, Any] = {}
-    for row in range(1, 7):
-        top = fig.get_subplot(row, 1).yaxis.domain[1]
-        legends[legend(row)] = {
-            "x": 1.06,
-            "y": top,
-            "yanchor": "top",
-            "xanchor": "left",
-            "font": {"size": 11},
-        }
-    fig.update_layout(
-        height=1900,
-        margin={"l": 70, "r": 40, "t": 40, "b": 50},
-        template="plotly_white",
-        hovermode="closest",
-        **legends,
-    )
+    lay_out_panels(fig, 6, height=1900, legend_x=1.06)
     return fig
 
 
@@ -339,33 +316,10 @@ def _header_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
-h1 { font-size: 1.4em; margin-bottom: 0.6em; }
-table.summary { border-collapse: collapse; margin-bottom: 1em; }
-table.summary th, table.summary td { padding: 0.25em 0.9em; border-bottom: 1px solid #ddd; text-align: left; }
-table.summary th { font-weight: 600; color: #555; }
-"""
-
-
 def render_report(result: ReplayResult, summary: dict[str, Any], *, table: RequestTable | None = None) -> str:
     """The report page as one HTML string (no external resources). `table` saves recomputing the
     per-request columns when the caller already has them."""
     if table is None:
         table = request_table(result.requests, result.ttft_target_ms, result.itl_target_ms)
     title = f"Replay: {result.policy} on {result.trace}"
-    rows = "\n".join(
-        f"<tr><th>{html.escape(name)}</th><td>{html.escape(value)}</td></tr>"
-        for name, value in _header_rows(summary)
-    )
-    figure = _build_figure(result, table).to_html(
-        full_html=False, include_plotlyjs=True, config={"responsive": True, "displaylogo": False}
-    )
-    return (
-        "<!DOCTYPE html>\n"
-        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>{html.escape(title)}</title>\n<style>{_STYLE}</style>\n</head>\n<body>\n"
-        f"<h1>{html.escape(title)}</h1>\n"
-        f'<table class="summary">\n{rows}\n</table>\n'
-        f"{figure}\n</body>\n</html>\n"
-    )
+    return html_page(title, _header_rows(summary), figure_html(_build_figure(result, table)))
