@@ -335,6 +335,9 @@ class ForecastHorizon(Record):
     flight: list[float] | None = None  # requests in decode at the ITL target at each
     pairs: Num = None  # history pairs the scenarios rest on
     prior: Num = None  # scenarios from the prior (too few pairs yet)
+    shift_tokens_s: Num = None  # the calibration the scenarios were moved by (prompt tokens/s)
+    shift_flight: Num = None  # and requests in decode
+    scored: Num = None  # past forecasts of this horizon the calibration scored
 
 
 class SlaForecast(Record):

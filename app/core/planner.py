@@ -64,7 +64,7 @@ from app.core.types import (
 
 NO_POLICY_REASON = "no automatic scaling enabled; targets come only from operator pins"
 # Bumped whenever PlannerState changes shape: an export from another version is refused.
-STATE_VERSION = 9  # 2: SLA scaling learns iteration costs and quiet periods; 3: scale to zero;
+STATE_VERSION = 10  # 2: SLA scaling learns iteration costs and quiet periods; 3: scale to zero;
 # 4: decode's floor scale (SlaState.decode_floor_sums); 5: the history keeps each tick's forecast;
 # 6: the decode context held over the trend window (SlaState.held); 7: the prefill engines' latest
 # passes at the last tick (SlaState.prefill_passes); 8: the levels attainment sizing learns from

@@ -30,14 +30,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from app.core.perf.interpolation import PerfModel
 from app.core.sla.attainment import PrefillQueue, decode_met, expected
 from app.core.sla.capacity import LengthMix, decode_concurrency, peak_concurrency
 from app.core.sla.decode_wish import DecodeTerms
 from app.core.sla.demand import busiest_rate, dispersion_index, merged_buckets, window_rates
-from app.core.sla.forecast import Forecast, LevelPoint, forecast
+from app.core.sla.forecast import Forecast, LevelPoint, forecast, request_quantile
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState
 from app.core.sla.types import Demand, SlaInput
@@ -99,24 +97,19 @@ def forecasts(
         min_pairs=settings.growth_min_points,
         prior_growth=settings.cold_start_growth,
         cap=settings.forecast_cap,
+        share=settings.attainment_target,
     )
-    up = forecast(history, point, start_s=lead_s, end_s=lead_s + horizon_s, floor_now=False, **common)
-    keep = forecast(history, point, start_s=0.0, end_s=lead_s + horizon_s, floor_now=True, **common)
-    state.levels.append(point)
+    up_quotes, keep_quotes = [p.up for p in history], [p.keep for p in history]
+    up = forecast(
+        history, up_quotes, point, start_s=lead_s, end_s=lead_s + horizon_s, floor_now=False, **common
+    )
+    keep = forecast(
+        history, keep_quotes, point, start_s=0.0, end_s=lead_s + horizon_s, floor_now=True, **common
+    )
+    state.levels.append(dataclasses.replace(point, up=up.quote, keep=keep.quote))
     while state.levels and state.levels[0].t_s <= now - settings.history_s:
         state.levels.popleft()
     return Horizons(up, keep)
-
-
-def request_quantile(values: np.ndarray, share: float) -> float:
-    """The least scenario value such that the scenarios at or below it bring at least `share` of
-    the requests (each weighs its own demand); 0 when no scenario brings any."""
-    ordered = np.sort(np.asarray(values, float))
-    total = float(ordered.sum())
-    if total <= 0:
-        return 0.0
-    index = int(np.searchsorted(np.cumsum(ordered), share * total * (1 - 1e-12)))
-    return float(ordered[min(index, len(ordered) - 1)])
 
 
 def _at(seen: Demand, f: Forecast, share: float, settings: SlaSettings) -> Demand:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -37,14 +38,28 @@ _SCALE_SHARE = 0.05
 REPORTED_QUANTILES = (0.5, 0.9, 0.99)
 
 
+class Quote(NamedTuple):
+    """What one tick's forecast said of one horizon `[t + start_s, t + end_s]`: the scenarios'
+    request-weighted quantile at the target, before calibration (`calibration` scores it once the
+    horizon has passed)."""
+
+    start_s: float
+    end_s: float
+    tokens_s: float
+    flight: float
+
+
 @dataclass(frozen=True)
 class LevelPoint:
     """What one tick saw: the busiest burst of the level window, as prompt tokens per second and
-    as requests in decode at the ITL target (Little's law)."""
+    as requests in decode at the ITL target (Little's law); and what its forecast said of both
+    horizons (None before the forecast is made)."""
 
     t_s: float
     tokens_s: float
     flight: float
+    up: Quote | None = None
+    keep: Quote | None = None
 
 
 @dataclass(frozen=True)
@@ -56,14 +71,91 @@ class Forecast:
     flight: np.ndarray
     pairs: int  # history pairs among the scenarios (the rest is the prior)
     prior: int  # scenarios from the prior
+    quote: Quote  # what this forecast says, before calibration (kept to score it later)
+    shift: Shift  # the calibration the scenarios were moved by
 
-    def quantiles(self) -> dict[str, list[float]]:
-        """The reported quantiles of both, for the tick record."""
+    def summary(self) -> dict[str, Any]:
+        """The reported quantiles of both, what they rest on and their calibration, for the tick
+        record (`ForecastHorizon` in app/core/diagnostics.py)."""
         return {
             "q": list(REPORTED_QUANTILES),
             "tokens_s": [round(float(np.quantile(self.tokens_s, q)), 1) for q in REPORTED_QUANTILES],
             "flight": [round(float(np.quantile(self.flight, q)), 1) for q in REPORTED_QUANTILES],
+            "pairs": self.pairs,
+            "prior": self.prior,
+            "shift_tokens_s": round(self.shift.tokens_s, 1),
+            "shift_flight": round(self.shift.flight, 2),
+            "scored": self.shift.scored,
         }
+
+
+class Shift(NamedTuple):
+    """How far a horizon's past forecasts fell short of the peaks that came (`calibration`)."""
+
+    tokens_s: float = 0.0
+    flight: float = 0.0
+    scored: int = 0  # past forecasts whose horizon has passed
+
+
+def request_quantile(values: np.ndarray, share: float) -> float:
+    """The least scenario value such that the scenarios at or below it bring at least `share` of
+    the requests (each weighs its own demand); 0 when no scenario brings any."""
+    ordered = np.sort(np.asarray(values, float))
+    total = float(ordered.sum())
+    if total <= 0:
+        return 0.0
+    index = int(np.searchsorted(np.cumsum(ordered), share * total * (1 - 1e-12)))
+    return float(ordered[min(index, len(ordered) - 1)])
+
+
+def weighted_quantile(values: np.ndarray, weights: np.ndarray, share: float) -> float:
+    """The least value such that the values at or below it carry at least `share` of the weight;
+    0 when nothing weighs anything."""
+    order = np.argsort(values, kind="stable")
+    cumulative = np.cumsum(weights[order])
+    if not len(cumulative) or cumulative[-1] <= 0:
+        return 0.0
+    index = int(np.searchsorted(cumulative, share * cumulative[-1] * (1 - 1e-12)))
+    return float(values[order][min(index, len(order) - 1)])
+
+
+def calibration(
+    levels: Sequence[LevelPoint],
+    quotes: Sequence[Quote | None],
+    now: LevelPoint,
+    *,
+    share: float,
+    min_scored: int,
+    near: np.ndarray | None = None,
+) -> Shift:
+    """The request-weighted `share` quantile of how far past quotes fell short: for each past tick
+    whose quoted horizon has passed, the peak that came less the quote (negative where it came in
+    below), weighted by that peak (the requests a shortfall would have missed; a horizon that
+    stayed silent weighs nothing). Nothing until `min_scored` quotes are scored."""
+    points = [*levels, now]
+    t = np.fromiter((p.t_s for p in points), float, len(points))
+    values = np.array([(p.tokens_s, p.flight) for p in points])
+    scores, weights = [], []
+    for i, quote in enumerate(quotes):
+        if near is not None and not near[i]:
+            continue
+        if quote is None or t[i] + quote.end_s > now.t_s:
+            continue
+        a = int(np.searchsorted(t, t[i] + quote.start_s, side="left"))
+        b = max(int(np.searchsorted(t, t[i] + quote.end_s, side="right")), a + 1)
+        if a >= len(points):
+            continue
+        peak = values[a:b].max(axis=0)
+        scores.append(peak - (quote.tokens_s, quote.flight))
+        weights.append(peak)
+    if len(scores) < min_scored:
+        return Shift(scored=len(scores))
+    s, w = np.array(scores), np.array(weights)
+    return Shift(
+        weighted_quantile(s[:, 0], w[:, 0], share),
+        weighted_quantile(s[:, 1], w[:, 1], share),
+        len(scores),
+    )
 
 
 def horizon_peaks(levels: Sequence[LevelPoint], start_s: float, end_s: float, now_s: float) -> np.ndarray:
@@ -87,10 +179,12 @@ def horizon_peaks(levels: Sequence[LevelPoint], start_s: float, end_s: float, no
 
 def forecast(
     levels: Sequence[LevelPoint],
+    quotes: Sequence[Quote | None],
     now: LevelPoint,
     *,
     start_s: float,
     end_s: float,
+    share: float,
     neighbour_share: float,
     min_pairs: int,
     prior_growth: float,
@@ -98,6 +192,7 @@ def forecast(
     floor_now: bool,
 ) -> Forecast:
     """The scenarios for the horizon `[now + start_s, now + end_s]` (see the module docstring).
+    `quotes`: what the forecasts of the same horizon said at each level point, for calibration.
     `floor_now`: the horizon includes the present, so no scenario is below the level now."""
     peaks = horizon_peaks(levels, start_s, end_s, now.t_s)
     done = ~np.isnan(peaks[:, 0])
@@ -121,6 +216,21 @@ def forecast(
     tokens += [max(now.tokens_s * prior_growth, top_tokens)] * prior
     flight += [max(now.flight * prior_growth, top_flight)] * prior
     low_tokens, low_flight = (now.tokens_s, now.flight) if floor_now else (0.0, 0.0)
-    tokens_a = np.clip(np.array(tokens, float), low_tokens, max(cap * top_tokens, low_tokens))
-    flight_a = np.clip(np.array(flight, float), low_flight, max(cap * top_flight, low_flight))
-    return Forecast(tokens_a, flight_a, pairs, prior)
+    high_tokens, high_flight = max(cap * top_tokens, low_tokens), max(cap * top_flight, low_flight)
+    base_tokens = np.clip(np.array(tokens, float), low_tokens, high_tokens)
+    base_flight = np.clip(np.array(flight, float), low_flight, high_flight)
+    quote = Quote(start_s, end_s, request_quantile(base_tokens, share), request_quantile(base_flight, share))
+    # Only the keep horizon is calibrated: releasing an engine is the choice a miss cannot undo
+    # within a lead, and a move up never lowers a count (a move down would).
+    shift = Shift()
+    if floor_now:
+        shift = calibration(levels, quotes, now, share=share, min_scored=min_pairs)
+        shift = Shift(max(shift.tokens_s, 0.0), max(shift.flight, 0.0), shift.scored)
+    return Forecast(
+        np.maximum(np.minimum(base_tokens + shift.tokens_s, np.maximum(base_tokens, top_tokens)), low_tokens),
+        np.maximum(np.minimum(base_flight + shift.flight, np.maximum(base_flight, top_flight)), low_flight),
+        pairs,
+        prior,
+        quote,
+        shift,
+    )

@@ -167,8 +167,8 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         diagnostics["forecast"] = {
             "horizon_s": round(horizon_s, 1),
             "attainment_target": settings.attainment_target,
-            "up": {**horizons.up.quantiles(), "pairs": horizons.up.pairs, "prior": horizons.up.prior},
-            "keep": {**horizons.keep.quantiles(), "pairs": horizons.keep.pairs, "prior": horizons.keep.prior},
+            "up": horizons.up.summary(),
+            "keep": horizons.keep.summary(),
         }
     else:
         wish, role_diag = wishes_at(demand, inp, state, settings, lead_s, model)
