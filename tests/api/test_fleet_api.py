@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from app.workers.loop import Gathered
+from app.workers.gather import Gathered
 from tests.support import REPO_ROOT, demo_config
 from tests.unit.test_planner import _input
 

@@ -24,7 +24,7 @@ from app.sim.replay.config import DEFAULT_REPLAY_CONFIG, load_replay_config, wit
 from app.sim.replay.run import build_world, load_requests, make_policy, run_policy
 from app.store import decisions as decision_store
 from app.store.models import Tick
-from app.workers.loop import Gathered
+from app.workers.gather import Gathered
 from tests.support import REPO_ROOT
 
 pytestmark = pytest.mark.anyio

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from app.store import planner_state as state_store
-from app.workers.loop import Gathered
+from app.workers.gather import Gathered
 from tests.support import REPO_ROOT, demo_config
 from tests.unit.test_planner import _input
 

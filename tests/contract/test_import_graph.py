@@ -342,7 +342,6 @@ OVERSIZED_TODAY: dict[str, int] = {
     "app/sources/fpm.py": 664,
     "app/sim/demo/run.py": 656,
     "app/config.py": 640,
-    "app/workers/loop.py": 615,
     "app/sim/demo/live.py": 537,
     "app/connectors/kubernetes.py": 534,
 }

@@ -33,7 +33,8 @@ from app.store.decisions import ensure_deployments
 from app.store.models import DeploymentState, Tick
 from app.store.overrides import Actor
 from app.workers.clock import ManualClock
-from app.workers.loop import LEASE_RENEW_S, LEASE_TTL_S, DeploymentWorker, Gathered, process_identity
+from app.workers.gather import Gathered
+from app.workers.loop import LEASE_RENEW_S, LEASE_TTL_S, DeploymentWorker, process_identity
 from tests.support import demo_config
 
 pytestmark = pytest.mark.anyio

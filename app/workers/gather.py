@@ -1,0 +1,160 @@
+"""What a deployment worker reads for one tick, and only what the planner asks for: the traffic of
+the window `Planner.needs` names (or why it is unknown), each role's forward passes since the last
+tick and whether none was dropped, and the ready engines per role (the connector's report, else
+the last acknowledged decision's observed replicas). A standby keeps the same baselines current,
+so that the first tick after it takes the lease reads nothing the previous leader counted.
+
+`GatherMixin` is this part of `DeploymentWorker` (loop.py), which sets the attributes it names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.config import DeploymentConfig
+from app.connectors.base import Connector
+from app.core.errors import ConnectorError, SourceUnavailableError
+from app.core.perf.fpm import ForwardPassMetrics
+from app.core.planner import Planner
+from app.core.types import Role, TrafficObservation
+from app.sources.fpm import FpmSubscriber
+from app.sources.fpm import as_json as fpm_as_json
+from app.sources.traffic import TrafficSource
+from app.store import decisions as decision_store
+
+# The worker's logger, whichever of its modules logs (loop.py says why).
+log = logging.getLogger("app.workers.loop")
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """What the worker read for one tick, as the planner asked for it: the traffic (or why it is
+    unknown), the engines' latest forward passes and the records since the last tick, the ready
+    counts (None: no inventory says), and the FPM subscribers' counters for the tick record."""
+
+    traffic: TrafficObservation | None = None
+    traffic_error: str | None = None
+    fpm: dict[Role, dict] = field(default_factory=dict)
+    fpm_new: dict[Role, list[ForwardPassMetrics]] = field(default_factory=dict)
+    # Per role: no record was dropped since the previous tick, so `fpm_new` is the engines' busy time.
+    fpm_complete: dict[Role, bool] = field(default_factory=dict)
+    ready: dict[Role, int] | None = None
+    fpm_sources: dict[str, Any] | None = None
+
+    def traffic_json(self) -> dict[str, Any]:
+        observed = None
+        if self.traffic is not None:
+            observed = asdict(self.traffic)
+            # JSON has no infinity (PostgreSQL refuses it): the open bucket is "+Inf", as in the
+            # Prometheus exposition.
+            observed["isl_buckets"] = [
+                [bound if math.isfinite(bound) else "+Inf", count]
+                for bound, count in self.traffic.isl_buckets
+            ]
+        return {"observed": observed, "error": self.traffic_error}
+
+
+class GatherMixin:
+    """Reading a tick's inputs, and keeping their baselines current while standing by."""
+
+    config: DeploymentConfig
+    planner: Planner
+    source: TrafficSource | None
+    connector: Connector | None
+    fpm: dict[Role, FpmSubscriber]
+    source_error: str | None
+    _overflow: dict[Role, int]
+    _sf: sessionmaker[Session]
+
+    async def _observe_traffic(self, interval_s: float) -> tuple[TrafficObservation | None, str | None]:
+        """The traffic of the last `interval_s`, or why it is unknown (also kept in
+        `source_error` for /readyz until an observation succeeds)."""
+        if self.source is None:
+            return None, "no traffic source configured (sources.prometheus or sources.frontend_url)"
+        observation, error = None, None
+        try:
+            observation = await self.source.observe(interval_s)
+        except SourceUnavailableError as exc:
+            error = str(exc)
+        self.source_error = error
+        return observation, error
+
+    async def _ready_counts(self) -> dict[Role, int] | None:
+        """Ready engines per role: the connector's report, else the last acknowledged decision's
+        observed replicas; None when neither is known."""
+        if self.connector is not None:
+            try:
+                return await self.connector.ready_counts()  # type: ignore[return-value]
+            except ConnectorError as exc:
+                log.warning(
+                    "[%s] ready counts unavailable: %s",
+                    self.config.name,
+                    exc,
+                    extra={"deployment": self.config.name},
+                )
+                return None
+
+        def read() -> dict[Role, int] | None:
+            with self._sf() as session:
+                confirmed = decision_store.last_acknowledged(session, self.config.name)
+            if confirmed is None:
+                return None
+            return dict(confirmed.observed or decision_store.replicas_of(confirmed))  # type: ignore[arg-type]
+
+        return await asyncio.to_thread(read)
+
+    async def gather(self, now: datetime) -> Gathered:
+        """What the planner's tick at `now` needs, and only that."""
+        needs = self.planner.needs(now.timestamp())
+        traffic, error = None, None
+        if needs.traffic_window_s is not None:
+            traffic, error = await self._observe_traffic(needs.traffic_window_s)
+        fpm: dict[Role, dict] = {}
+        fpm_new: dict[Role, list[ForwardPassMetrics]] = {}
+        complete: dict[Role, bool] = {}
+        sources: dict[str, Any] | None = None
+        if needs.fpm:
+            sources = {}
+            for role in self.config.roles:
+                subscriber = self.fpm.get(role)
+                if subscriber is None:
+                    fpm[role] = {}
+                    continue
+                # Taken even when nothing trains on them (SLA scaling), so the subscriber's buffer
+                # does not fill up and count them as overflow.
+                fpm_new[role] = subscriber.new_trainable_records()
+                snapshot = subscriber.snapshot()
+                # Complete only from the second tick on, and only when nothing overflowed since.
+                before = self._overflow.get(role)
+                complete[role] = before is not None and snapshot.trainable_overflow == before
+                self._overflow[role] = snapshot.trainable_overflow
+                fpm[role] = snapshot.records()
+                sources[role] = fpm_as_json(snapshot)
+        ready = await self._ready_counts() if needs.fpm or needs.traffic_window_s is not None else None
+        return Gathered(traffic, error, fpm, fpm_new, complete, ready, sources)
+
+    async def _stand_by(self) -> None:
+        """At every lease check that another process wins: start what the first tick after a takeover
+        reads from now, so that it holds nothing the leader already counted. The leader's last
+        tick renewed its lease, so it was at least `lease_ttl_s - lease_renew_s` before the
+        takeover, and this check is later. The traffic source takes a new baseline (a direct
+        scrape would otherwise difference against its start-up scrape, a window overlapping every
+        observation of the leader) and says whether it answers (/readyz); the forward passes
+        received so far are dropped (the leader trained on them, up to its last tick), and the
+        first tick's are not taken as complete (they start at this check, not at the last tick)."""
+        if self.source is not None:
+            try:
+                await self.source.check()
+                self.source_error = None
+            except SourceUnavailableError as exc:
+                self.source_error = str(exc)
+        for subscriber in self.fpm.values():
+            subscriber.new_trainable_records()
+        self._overflow.clear()

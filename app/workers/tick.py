@@ -1,0 +1,193 @@
+"""One tick of a deployment worker, a plain synchronous function of `now` and what was gathered
+(tests call it directly): the planner's `on_tick` in one transaction with what it reads (expired
+decisions, the latest decision, overrides, the fleet's grant) and what it writes (the tick record,
+the learned state, the proposed decision). What the planner learned in a tick is adopted only once
+the tick's record and decision are stored, so a failed write loses that tick and counts nothing
+twice. Then the decision is announced and the tick's metrics and log line are emitted.
+
+`TickMixin` is this part of `DeploymentWorker` (loop.py), which sets the attributes it names.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.config import DeploymentConfig
+from app.connectors.virtual import DecisionHub
+from app.core.diagnostics import TickDiagnostics
+from app.core.fleet.grants import asked_of, grant_record, with_grant
+from app.core.planner import Effects, Planner, TickInput
+from app.core.types import DecisionStatus
+from app.reports.metrics import PlannerMetrics
+from app.store import decisions as decision_store
+from app.store import fleet as fleet_store
+from app.store import planner_state as state_store
+from app.store import ticks as tick_store
+from app.store.models import Decision
+from app.store.overrides import active_overrides
+from app.workers.gather import Gathered
+
+# The worker's logger, whichever of its modules logs (loop.py says why).
+log = logging.getLogger("app.workers.loop")
+
+
+@dataclass(frozen=True)
+class TickReport:
+    tick_id: int
+    decision: Decision | None  # created by this tick
+    pending: Decision | None  # the latest decision if it still awaits its outcome (new or older)
+    summary: str
+
+
+class TickMixin:
+    """Deciding and storing one tick."""
+
+    config: DeploymentConfig
+    planner: Planner
+    in_fleet: bool
+    _sf: sessionmaker[Session]
+    _hub: DecisionHub
+    _metrics: PlannerMetrics
+    _export_warned: bool
+    # The lease check every tick starts with (loop.py).
+    renew_lease: Callable[[datetime], bool]
+
+    def tick(self, now: datetime, gathered: Gathered | None = None) -> TickReport | None:
+        """Decide and persist one tick at `now` from what was gathered; None when another
+        process holds this deployment's lease."""
+        name = self.config.name
+        if not self.renew_lease(now):
+            return None
+        gathered = gathered or Gathered()
+        with self._sf() as session, session.begin():
+            expired = None
+            if self.config.awaits_ack:
+                expired = decision_store.expire_overdue(
+                    session, deployment=name, now=now, ack_timeout_s=self.config.connector.ack_timeout_s
+                )
+            latest = decision_store.latest_decision(session, name)
+            overrides = active_overrides(session, name, now)
+            grant = fleet_store.stored_grant(session, name) if self.in_fleet else None
+            # The grant binds as per-role maximum bounds, exactly as `planner replay` applies it.
+            overrides = with_grant(overrides, grant, self.planner.settings.bounds)
+            effects = self.planner.on_tick(
+                TickInput(
+                    now_s=now.timestamp(),
+                    overrides=overrides,
+                    latest_decision=decision_store.view_of(latest) if latest else None,
+                    traffic=gathered.traffic,
+                    traffic_error=gathered.traffic_error,
+                    fpm=gathered.fpm,
+                    fpm_new=gathered.fpm_new,
+                    fpm_complete=gathered.fpm_complete,
+                    ready=gathered.ready,
+                )
+            )
+            stages = [st.as_dict() for st in effects.stages]
+            fleet = grant_record(
+                grant,
+                asked=asked_of(stages),
+                target=effects.target,
+                at=grant.get("at") if grant else None,
+            )
+            reasons = effects.reasons
+            if fleet is not None and fleet["note"]:
+                # The decision says when the fleet, not its own planner, set its numbers.
+                reasons = [*reasons, f"fleet: {fleet['note']}"]
+            record = effects.diagnostics.model_copy(
+                update={
+                    "at": now.isoformat(),
+                    "fleet": fleet,
+                    "fpm": gathered.fpm_sources,
+                    # The throughput step records what it observed; SLA scaling's diagnostics do not.
+                    "traffic": gathered.traffic_json() if self.planner.settings.sla else None,
+                    "expired_decision_id": expired.decision_id if expired else None,
+                }
+            )
+            tick = tick_store.add_tick(session, deployment=name, at=now, record=record.as_json())
+            saved = self._export(effects)
+            if saved is not None:
+                # With the tick it belongs to: a restart resumes from the last stored tick.
+                state_store.save_state(session, deployment=name, state=saved, at=now)
+
+            decision = None
+            if effects.target is not None and effects.source is not None:
+                proposal = decision_store.propose_decision(
+                    session,
+                    deployment=name,
+                    target=effects.target,
+                    source=effects.source,
+                    reasons=reasons,
+                    now=now,
+                    ack_timeout_s=self.config.connector.ack_timeout_s,
+                    await_ack=self.config.awaits_ack,
+                    tick_id=tick.id,
+                    override_id=overrides.pin_id,
+                )
+                decision = proposal.decision
+                verdict = f"{proposal.outcome.verdict}: {proposal.outcome.reason}"
+            else:
+                verdict = "hold: no target"
+            record = record.model_copy(
+                update={"verdict": verdict, "decision_id": decision.decision_id if decision else None}
+            )
+            tick.record = record.as_json()
+            tick.decision_id = record.decision_id
+        # Stored: what the tick learned is the planner's now (a failed write above keeps the old).
+        self.planner.commit(effects)
+
+        if decision is not None:
+            self._hub.announce(decision)
+        self._metrics.paused.labels(name).set(1 if overrides.paused else 0)
+        self._metrics.ticks.labels(name).inc()
+        self._metrics.observe_throughput(name, record.throughput)
+        self._metrics.observe_load(name, record.load, load_enabled=self.config.load.enabled)
+        self._metrics.observe_sla(name, record.sla)
+        summary = f"[{name}] tick {tick.id}: target {effects.target}; {_notes(record)}; {verdict}"
+        log.info(
+            summary,
+            extra={
+                "deployment": name,
+                "tick_id": tick.id,
+                "decision_id": decision.decision_id if decision else None,
+            },
+        )
+        pending = decision or (
+            latest if latest is not None and latest.status == DecisionStatus.PENDING else None
+        )
+        return TickReport(tick.id, decision, pending, summary)
+
+    def _export(self, effects: Effects) -> bytes | None:
+        """The state this tick would commit, or None (and one warning) where it cannot be saved:
+        a predictor whose fitted model does not pickle keeps learning, but not across restarts."""
+        try:
+            return self.planner.export_state(effects)
+        except Exception as exc:  # pickling arbitrary fitted models
+            if not self._export_warned:
+                kind = type(exc).__name__
+                log.warning(
+                    "[%s] learned state not saved (%s: %s)",
+                    self.config.name,
+                    kind,
+                    exc,
+                    extra={"deployment": self.config.name},
+                )
+                self._export_warned = True
+            return None
+
+
+def _notes(record: TickDiagnostics) -> str:
+    """The log line's account of the step that proposed."""
+    if record.sla is not None:
+        return f"sla {record.sla.reason}: {record.sla.detail}"
+    throughput, load = record.throughput, record.load
+    throughput_note = (
+        f"throughput {throughput.reason}: {throughput.detail}" if throughput else "throughput off"
+    )
+    load_note = f"load {load.reason}: {load.detail}" if load else "load off"
+    return f"{throughput_note}; {load_note}"
