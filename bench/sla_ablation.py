@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from app import planner_setup
-from app.core.sla import decide, step, wish
+from app.core.sla import decide, forecast, step, wish
 from app.core.sla.settings import SlaTuning
 from app.sim.replay.config import DEFAULT_REPLAY_CONFIG, load_replay_config, with_overrides
 from app.sim.replay.outputs import summarize
@@ -85,6 +85,11 @@ ABLATIONS: dict[str, tuple[str, Any, Any]] = {
         "engines are released before the history holds a lead's pairs",
         (step, "forecasts"),
         _released_at_once,
+    ),
+    "calibration": (
+        "the keep scenarios are not moved by how far past forecasts fell short",
+        (forecast, "calibration"),
+        lambda original: lambda *a, **k: forecast.Shift(),
     ),
     "history-peak bound": ("no bound on the scenarios (forecast_cap)", "forecast_cap", 1e9),
     "cold-start growth": (

@@ -68,7 +68,8 @@ STATE_VERSION = 10  # 2: SLA scaling learns iteration costs and quiet periods; 3
 # 4: decode's floor scale (SlaState.decode_floor_sums); 5: the history keeps each tick's forecast;
 # 6: the decode context held over the trend window (SlaState.held); 7: the prefill engines' latest
 # passes at the last tick (SlaState.prefill_passes); 8: the levels attainment sizing learns from
-# (SlaState.levels); 9: SlaState's records are named tuples (state.py)
+# (SlaState.levels); 9: SlaState's records are named tuples (state.py); 10: each level point keeps
+# its keep forecast's quote, which calibration scores (forecast.py)
 
 FpmByEngine = Mapping[EngineKey, ForwardPassMetrics]
 

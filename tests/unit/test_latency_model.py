@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,46 +26,18 @@ from app.core.sla.capacity import (
     prefill_engines,
     profile_decode_floor,
 )
-from app.core.sla.latency import LatencyModels, PrefillCost, decode_features, prefill_features, prior_models
+from app.core.sla.latency import PrefillCost, decode_features, prefill_features
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState
 from app.core.sla.step import sla_step
 from app.core.sla.types import SlaInput, SlaReason, SlaResult, TrafficSample
 from app.core.types import Role, RoleBounds
-from app.sources.profile_files import load_profile
-
-H200 = Path(__file__).resolve().parents[2] / "data" / "profiles" / "h200-llama3.1-8b-fp8"
-TICK_S = 5.0
-CHUNK = 8192
-ISL, OSL = 2000.0, 150.0
+from tests.unit.sla_scenarios import CHUNK, ISL, OSL, TICK_S, h200_model, prior_of, settings_for
 
 
 @pytest.fixture(scope="module")
 def h200() -> PerfModel:
-    return PerfModel.from_profile(load_profile(H200))
-
-
-def settings_for(model: PerfModel, roles: tuple[Role, ...], **overrides: object) -> SlaSettings:
-    base = SlaSettings(
-        ttft_target_ms=500.0,
-        itl_target_ms=20.0,
-        bounds={role: RoleBounds(1, 32) for role in roles},
-        chunk_tokens=CHUNK,
-        max_kv_tokens=model.decode.max_kv_tokens,
-        trend=False,
-        startup_estimate_s=120.0,  # the scenarios' lead until measured (the default reads 300)
-    )
-    return base.model_copy(update=overrides)
-
-
-def prior_of(model: PerfModel, settings: SlaSettings) -> LatencyModels:
-    return prior_models(
-        model,
-        chunk_tokens=settings.chunk_tokens,
-        prior_records=settings.latency_prior_records,
-        caution_z=settings.latency_caution_z,
-        half_life_s=settings.latency_half_life_s,
-    )
+    return h200_model()
 
 
 @dataclass

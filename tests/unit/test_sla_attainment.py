@@ -115,7 +115,6 @@ def test_forecast_scenarios_stay_within_what_the_traffic_did(case: ForecastCase)
     now = LevelPoint(history[-1].t_s + TICK_S, case.now, case.now / 10)
     f = forecast(
         history,
-        [None] * len(history),
         now,
         start_s=case.start_s,
         end_s=case.end_s,
@@ -136,7 +135,6 @@ def test_a_burst_from_silence_is_among_the_scenarios_of_a_silent_tick() -> None:
     now = LevelPoint(history[-1].t_s + TICK_S, 0.0, 0.0)
     f = forecast(
         history,
-        [None] * len(history),
         now,
         start_s=0.0,
         end_s=60.0,
@@ -156,7 +154,6 @@ def test_the_prior_fills_the_pairs_missing_at_a_cold_start() -> None:
     now = LevelPoint(20.0, 200.0, 20.0)
     f = forecast(
         history,
-        [None] * len(history),
         now,
         start_s=0.0,
         end_s=60.0,
@@ -238,7 +235,6 @@ def test_calibration_raises_a_scenario_no_higher_than_the_history_peak() -> None
     now = LevelPoint(history[-1].t_s + TICK_S, 800.0, 80.0)
     f = forecast(
         history,
-        quotes,
         now,
         start_s=0.0,
         end_s=10.0,
@@ -248,6 +244,7 @@ def test_calibration_raises_a_scenario_no_higher_than_the_history_peak() -> None
         cap=2.0,
         floor_now=True,
         share=0.99,
+        quotes=quotes,
     )
     assert f.shift.tokens_s > 0
     # The level now plus the shortfall would be 1,800: calibration stops at what the traffic did.

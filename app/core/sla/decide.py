@@ -99,14 +99,19 @@ def forecasts(
         cap=settings.forecast_cap,
         share=settings.attainment_target,
     )
-    up_quotes, keep_quotes = [p.up for p in history], [p.keep for p in history]
-    up = forecast(
-        history, up_quotes, point, start_s=lead_s, end_s=lead_s + horizon_s, floor_now=False, **common
-    )
+    up = forecast(history, point, start_s=lead_s, end_s=lead_s + horizon_s, floor_now=False, **common)
+    # Only the keep horizon is calibrated: releasing an engine is the choice whose miss no order
+    # can mend within a lead; the up horizon is ordered again every tick.
     keep = forecast(
-        history, keep_quotes, point, start_s=0.0, end_s=lead_s + horizon_s, floor_now=True, **common
+        history,
+        point,
+        start_s=0.0,
+        end_s=lead_s + horizon_s,
+        floor_now=True,
+        quotes=[p.keep for p in history],
+        **common,
     )
-    state.levels.append(dataclasses.replace(point, up=up.quote, keep=keep.quote))
+    state.levels.append(dataclasses.replace(point, keep=keep.quote))
     while state.levels and state.levels[0].t_s <= now - settings.history_s:
         state.levels.popleft()
     return Horizons(up, keep)

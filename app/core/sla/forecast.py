@@ -20,6 +20,14 @@ Until the history holds `min_pairs` pairs the missing ones are the prior: the hi
 so far, or the level now times `prior_growth` where that is more (a wide guess, as nothing is
 known), so the forecast moves from the prior to the traffic's own pairs as they come. Bursty, gappy
 traffic yields wide scenario sets and smooth traffic narrow ones, with no rule per traffic kind.
+
+**Calibration** (the keep horizon, `calibration`): each tick keeps what its forecast said (`Quote`,
+the scenarios' request-weighted quantile at the target). Once that horizon has passed, the quote
+is scored: the peak that came less the quote. The scenarios move up by the request-weighted
+target quantile of those scores (each weighs the peak that came: a silent horizon misses nothing),
+never down, and no higher than the history's own peak. Neighbours that have not yet seen what a
+quiet moment can bring (a short history of bursts from silence) are corrected by the quiet
+moments whose forecast fell short; forecasts that come true add nothing.
 """
 
 from __future__ import annotations
@@ -52,13 +60,12 @@ class Quote(NamedTuple):
 @dataclass(frozen=True)
 class LevelPoint:
     """What one tick saw: the busiest burst of the level window, as prompt tokens per second and
-    as requests in decode at the ITL target (Little's law); and what its forecast said of both
-    horizons (None before the forecast is made)."""
+    as requests in decode at the ITL target (Little's law); and what its keep forecast said
+    (None before it is made)."""
 
     t_s: float
     tokens_s: float
     flight: float
-    up: Quote | None = None
     keep: Quote | None = None
 
 
@@ -100,12 +107,8 @@ class Shift(NamedTuple):
 def request_quantile(values: np.ndarray, share: float) -> float:
     """The least scenario value such that the scenarios at or below it bring at least `share` of
     the requests (each weighs its own demand); 0 when no scenario brings any."""
-    ordered = np.sort(np.asarray(values, float))
-    total = float(ordered.sum())
-    if total <= 0:
-        return 0.0
-    index = int(np.searchsorted(np.cumsum(ordered), share * total * (1 - 1e-12)))
-    return float(ordered[min(index, len(ordered) - 1)])
+    values = np.asarray(values, float)
+    return weighted_quantile(values, values, share)
 
 
 def weighted_quantile(values: np.ndarray, weights: np.ndarray, share: float) -> float:
@@ -126,7 +129,6 @@ def calibration(
     *,
     share: float,
     min_scored: int,
-    near: np.ndarray | None = None,
 ) -> Shift:
     """The request-weighted `share` quantile of how far past quotes fell short: for each past tick
     whose quoted horizon has passed, the peak that came less the quote (negative where it came in
@@ -137,8 +139,6 @@ def calibration(
     values = np.array([(p.tokens_s, p.flight) for p in points])
     scores, weights = [], []
     for i, quote in enumerate(quotes):
-        if near is not None and not near[i]:
-            continue
         if quote is None or t[i] + quote.end_s > now.t_s:
             continue
         a = int(np.searchsorted(t, t[i] + quote.start_s, side="left"))
@@ -179,7 +179,6 @@ def horizon_peaks(levels: Sequence[LevelPoint], start_s: float, end_s: float, no
 
 def forecast(
     levels: Sequence[LevelPoint],
-    quotes: Sequence[Quote | None],
     now: LevelPoint,
     *,
     start_s: float,
@@ -190,10 +189,12 @@ def forecast(
     prior_growth: float,
     cap: float,
     floor_now: bool,
+    quotes: Sequence[Quote | None] | None = None,
 ) -> Forecast:
     """The scenarios for the horizon `[now + start_s, now + end_s]` (see the module docstring).
-    `quotes`: what the forecasts of the same horizon said at each level point, for calibration.
-    `floor_now`: the horizon includes the present, so no scenario is below the level now."""
+    `floor_now`: the horizon includes the present, so no scenario is below the level now.
+    `quotes`: what the forecasts of the same horizon said at each level point; given, the
+    scenarios are calibrated by them."""
     peaks = horizon_peaks(levels, start_s, end_s, now.t_s)
     done = ~np.isnan(peaks[:, 0])
     x = np.array([(p.tokens_s, p.flight) for p in levels]).reshape(-1, 2)[done]
@@ -220,10 +221,10 @@ def forecast(
     base_tokens = np.clip(np.array(tokens, float), low_tokens, high_tokens)
     base_flight = np.clip(np.array(flight, float), low_flight, high_flight)
     quote = Quote(start_s, end_s, request_quantile(base_tokens, share), request_quantile(base_flight, share))
-    # Only the keep horizon is calibrated: releasing an engine is the choice a miss cannot undo
-    # within a lead, and a move up never lowers a count (a move down would).
     shift = Shift()
-    if floor_now:
+    if quotes is not None:
+        # Up only: a forecast that came in high is the base's own caution, and lowering it on a
+        # few quiet scores would release what the next burst needs.
         shift = calibration(levels, quotes, now, share=share, min_scored=min_pairs)
         shift = Shift(max(shift.tokens_s, 0.0), max(shift.flight, 0.0), shift.scored)
     return Forecast(

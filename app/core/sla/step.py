@@ -11,9 +11,10 @@ engine's latest forward passes (FPM) and the ready counts, and per role decides 
 3. **Forecast and count**, by `scaling.sizing`:
    - `attainment` (decide.py, forecast.py, attainment.py): demand scenarios for two horizons,
      `up` ([lead, lead + tick]: what engines ordered now serve) and `keep` ([0, lead + tick]: an
-     engine released now is back no sooner), from the traffic's
-     own history of (level, peak within the horizon) pairs nearest the level now, in absolute
-     units and at most `forecast_cap` times the history's peak. Per role, the count that
+     engine released now is back no sooner), from the traffic's own history of (level, peak
+     within the horizon) pairs nearest the level now, in absolute units and at most
+     `forecast_cap` times the history's peak; keep's raised by how far its own past forecasts
+     fell short (never above the history's peak). Per role, the count that
      serves the scenarios' request-weighted `sla.attainment_target` quantile, lowered while one
      fewer still has an expected attainment (queue model, each scenario weighted by the
      requests it brings) at or above the target. The count is the larger of the up count and
