@@ -28,9 +28,15 @@ DEMO_ARGS ?=
 run: $(STAMP)
 	$(BIN)/planner demo --trace $(DEMO_TRACE) $(DEMO_ARGS)
 
-# The service alone, on $(PLANNER_CONFIG).
+# The service on $(SERVE_CONFIG) (deployment `demo` under SLA scaling) and, beside it, a stand-in
+# frontend on 127.0.0.1:8090 playing the bundled trace on the wall clock for it to decide on.
+# Ctrl-C stops both.
+SERVE_CONFIG ?= examples/serve.yaml
+
 serve: $(STAMP)
-	$(BIN)/planner serve
+	@$(BIN)/python -m app.sim.demo.standin --port 8090 & standin=$$!; \
+	trap 'kill $$standin 2>/dev/null' EXIT; trap 'exit 0' INT TERM; \
+	PLANNER_CONFIG=$(SERVE_CONFIG) $(BIN)/planner serve
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -128,3 +128,6 @@ def configure_logging(level: str, log_format: LogFormat = "text", *, stream: Tex
     logging.captureWarnings(True)
     # Alembic announces every plugin it loads at INFO; only the migration steps are news.
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    # httpx logs every request at INFO: a scrape every tick would bury the decisions. A failed
+    # scrape is logged by the source that made it, with the deployment's name.
+    logging.getLogger("httpx").setLevel(logging.WARNING)

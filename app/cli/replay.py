@@ -89,7 +89,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="score a policy on a trace in a simulated cluster",
         description="Replay a trace (Mooncake JSONL, Azure CSV or Dynamo request trace), or a named "
         "workload of the decision-quality benchmark, through the simulated cluster under one policy; "
-        "write summary.json, requests.csv, replicas.csv, decisions.csv and report.html to --out.",
+        "write summary.json, requests.csv.gz, replicas.csv, decisions.csv and report.html to --out.",
     )
     replay.error = one_line_error  # type: ignore[method-assign]
     latency = number(minimum=0, inclusive=False, maximum=MAX_LATENCY_MS)

@@ -361,8 +361,12 @@ class Planner:
             fpm={role: inp.fpm.get(role, {}) for role in roles},
             ready=ready,
             expected=expected,
-            # A decision in force is an inventory of its own: it says what the planner ordered.
-            inventory_known=in_force or inventory_known,
+            # A decision in force is an inventory of its own: it says what the planner ordered. A
+            # deployment never decided for, that nothing reports on, runs nothing the planner
+            # knows of: its first decision orders what the demand needs.
+            inventory_known=in_force
+            or inventory_known
+            or (inp.latest_decision is None and inp.ready is None),
             fpm_new={role: inp.fpm_new.get(role, ()) for role in roles},
             fpm_complete={role: inp.fpm_complete.get(role, False) for role in roles},
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import os
 import re
@@ -60,7 +61,7 @@ def test_a_replay_writes_its_outputs(tmp_path: Path, policy: str) -> None:
     assert summary["ttft_ms"]["p50"] <= summary["ttft_ms"]["p90"] <= summary["ttft_ms"]["p99"]
     assert summary["gpu_hours"] > 0 and summary["oracle_gpu_hours"] > 0
 
-    with (out / "requests.csv").open() as f:
+    with gzip.open(out / "requests.csv.gz", "rt") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 900
     met = sum(int(r["met_slo"]) for r in rows)

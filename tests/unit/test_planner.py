@@ -5,6 +5,7 @@ export and a restore; the input is never changed."""
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,56 @@ def test_restore_refuses_another_deployments_state_or_garbage() -> None:
     )
     with pytest.raises(ValueError, match="other settings"):
         planner.restore_state(retuned.export_state())
+
+
+@dataclass(frozen=True)
+class InventoryCase:
+    name: str
+    why: str
+    latest: DecisionView | None
+    ready: dict[str, int] | None
+    fpm: bool
+    decides: bool
+
+
+INVENTORY_CASES = [
+    InventoryCase(
+        "never_decided_nothing_reports",
+        "a new deployment that nothing reports on runs nothing the planner knows of: its first decision "
+        "orders what the demand needs (a virtual connector's orchestrator waits for that decision)",
+        latest=None,
+        ready=None,
+        fpm=False,
+        decides=True,
+    ),
+    InventoryCase(
+        "decided_before_but_unacknowledged_and_expired",
+        "once the planner has ordered, what runs depends on whether that order was carried out: an "
+        "expired order says nothing, so no target until something reports",
+        latest=DecisionView(4, {"prefill": 3, "decode": 3}, DecisionSource.SLA, DecisionStatus.EXPIRED, T0_S),
+        ready=None,
+        fpm=False,
+        decides=False,
+    ),
+    InventoryCase(
+        "decided_before_and_engines_report",
+        "engines publishing forward passes in every role are an inventory of their own",
+        latest=DecisionView(4, {"prefill": 3, "decode": 3}, DecisionSource.SLA, DecisionStatus.EXPIRED, T0_S),
+        ready=None,
+        fpm=True,
+        decides=True,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", INVENTORY_CASES, ids=lambda c: c.name)
+def test_sla_scaling_decides_only_when_it_knows_what_runs(case: InventoryCase) -> None:
+    planner = _planner("sla")
+    inp = _input(0, latest=case.latest)
+    inp = replace(inp, ready=case.ready, overrides=ActiveOverrides())
+    if not case.fpm:
+        inp = replace(inp, fpm={}, fpm_new={})
+    effects = planner.on_tick(inp)
+    sla = effects.diagnostics.sla
+    assert (sla.reason != "no_inventory") is case.decides, (case.why, sla.reason, sla.detail)
+    assert (effects.target is not None) is case.decides, case.why

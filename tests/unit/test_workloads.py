@@ -276,7 +276,7 @@ def test_the_replay_takes_the_spread_from_the_flag_or_the_file(tmp_path: Path, c
     out = tmp_path / "out"
     args = ["--trace", str(trace), "--policy", "static", "--rate-scale", "10", "--rate-spread-s", "30"]
     assert planner_main(["replay", *args, "--out", str(out), "--quiet"]) == 0, capsys.readouterr().err
-    served = np.loadtxt(out / "requests.csv", delimiter=",", skiprows=1, usecols=1)
+    served = np.loadtxt(out / "requests.csv.gz", delimiter=",", skiprows=1, usecols=1)
     middle = served[(served > 50) & (served < 150)]
     assert len(served) == 30 and len(middle) == 10
     assert 70 <= middle.min() and middle.max() <= 130 and middle.max() - middle.min() > 1

@@ -1,9 +1,9 @@
 """A replay's per-request table: the quantities every output derives from each request, as numpy
 columns (`request_table`). A long trace has ~600k requests, and a Python pass per request and per
 metric would dominate the write time, so they are computed once and shared by the summary and
-requests.csv (`app/sim/replay/outputs.py`) and the HTML report (`app/sim/replay/report.py`).
+requests.csv.gz (`app/sim/replay/outputs.py`) and the HTML report (`app/sim/replay/report.py`).
 
-SLO rules (the same in the summary and in requests.csv's `met_slo`, so its mean is
+SLO rules (the same in the summary and in requests.csv.gz's `met_slo`, so its mean is
 `slo_attainment`): a request meets its SLO when it finished, its TTFT is within the target and its
 mean ITL is within the target; a one-token output has no ITL, so only its TTFT counts.
 `ttft_attainment` counts every request whose first token came in time (even if its decode never

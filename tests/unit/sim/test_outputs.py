@@ -4,6 +4,7 @@ expected numbers are worked out by hand below, not by the code under test."""
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 from pathlib import Path
 
@@ -173,7 +174,8 @@ def test_summary_of_an_empty_run_has_no_numbers_to_make_up() -> None:
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
-    with path.open(newline="", encoding="utf-8") as f:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         rows = list(reader)
         return list(reader.fieldnames or []), rows
@@ -184,7 +186,7 @@ def test_write_outputs_writes_every_file(tmp_path: Path) -> None:
     paths = write_outputs(_result(), out)
     assert {k: p.name for k, p in paths.items()} == {
         "summary": "summary.json",
-        "requests": "requests.csv",
+        "requests": "requests.csv.gz",
         "replicas": "replicas.csv",
         "decisions": "decisions.csv",
         "report": "report.html",
