@@ -18,7 +18,9 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from app.sim.fleet.run import fleet_summary, load_fleet_config, run_fleet
+from app.sim.fleet.config import load_fleet_config
+from app.sim.fleet.outputs import fleet_summary
+from app.sim.fleet.run import run_fleet
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,8 @@ from app.config import Settings
 
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
-    from app.sim.demo.run import DemoOptions, run_demo
+    from app.sim.demo.plan import DemoOptions
+    from app.sim.demo.run import run_demo
 
     return run_demo(
         DemoOptions(
@@ -28,7 +29,7 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from app.sim.demo.run import DEFAULT_PORT, DEFAULT_RATE_SCALE, DEFAULT_SPEED, DEFAULT_TRACE
+    from app.sim.demo.plan import DEFAULT_PORT, DEFAULT_RATE_SCALE, DEFAULT_SPEED, DEFAULT_TRACE
     from app.sim.replay.config import DEFAULT_REPLAY_CONFIG
 
     demo = sub.add_parser(

@@ -43,7 +43,8 @@ def _process_started_s() -> float:
 
 
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
-    from app.sim.fleet.run import is_fleet_file, run_fleet_command
+    from app.sim.fleet.config import is_fleet_file
+    from app.sim.fleet.run import run_fleet_command
     from app.sim.replay.run import check_output_folder, run_command
 
     if args.config and is_fleet_file(args.config):

@@ -360,7 +360,7 @@ def test_a_bad_fleet_section_names_the_field(changes: dict, message: str) -> Non
 
 def test_the_example_fleet_shares_less_than_the_peaks() -> None:
     from app.config import REPO_ROOT
-    from app.sim.fleet.run import load_fleet_config
+    from app.sim.fleet.config import load_fleet_config
 
     config = load_fleet_config(REPO_ROOT / "examples" / "fleet.yaml")
     assert [d.name for d in config.deployments] == ["chat", "code", "batch"]

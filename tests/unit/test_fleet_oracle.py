@@ -8,8 +8,8 @@ import json
 import pytest
 
 from app.config import REPO_ROOT
+from app.sim.fleet.config import load_fleet_config, load_fleet_requests
 from app.sim.fleet.oracle import fleet_oracle
-from app.sim.fleet.run import load_fleet_config, load_fleet_requests
 from app.sim.replay.oracle import oracle_plan
 from app.sim.replay.run import load_models
 

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from app.sim.demo.run import clock_note, service_outcome
+from app.sim.demo.status import clock_note, service_outcome
 
 
 @pytest.mark.parametrize(
