@@ -19,7 +19,6 @@ import pytest
 
 from tests.integration.test_dashboard_browser import CHROMIUM, chromium
 from tests.support import (
-    OPER,
     ORCH,
     REPO_ROOT,
     TOKENS,
@@ -155,25 +154,6 @@ class Acker:
         self._thread.join(timeout=10)
 
 
-def first_inventory(proc: PlannerProcess, ackers: dict[str, Acker]) -> None:
-    """SLA scaling needs to know what runs: the operator pins 1 + 1, and lets go once applied."""
-    with httpx.Client(base_url=proc.base_url, headers=OPER, timeout=10) as client:
-        for name, acker in ackers.items():
-            body = {
-                "deployment": name,
-                "action": "pin",
-                "num_prefill": 1,
-                "num_decode": 1,
-                "reason": "inventory",
-            }
-            pinned = expect(client.post("/override", json=body), 201, proc)
-            deadline = time.monotonic() + 30
-            while not acker.acked and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert acker.acked, f"{name}: the pin was never applied\n" + logs(proc)
-            expect(client.delete(f"/override/{pinned['id']}"), 200, proc)
-
-
 def diagnostics(client: httpx.Client, name: str, proc: PlannerProcess) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     cursor = None
@@ -200,7 +180,6 @@ def test_serve_runs_the_fleet_step_and_shows_who_is_cut(database: str, tmp_path:
         )
         snapshots: list[dict[str, Any]] = []
         ackers = {n: Acker(proc.base_url, n).__enter__() for n in NAMES}
-        first_inventory(proc, ackers)
         with httpx.Client(base_url=proc.base_url, headers=VIEWER, timeout=10) as client:
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline:

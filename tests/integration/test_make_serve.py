@@ -55,7 +55,7 @@ def test_serve_decides_by_sla_scaling_on_the_stand_in_traffic(tmp_path: Path) ->
             return [t["record"] for t in ticks["items"] if t["record"]["traffic"]["observed"]]
 
         def sized_for_traffic() -> bool:
-            return any(r["sla"] and r["sla"]["demand"]["request_rate_s"] for r in records())
+            return any(r["sla"] and (r["sla"].get("demand") or {}).get("request_rate_s") for r in records())
 
         poll(sized_for_traffic, "an SLA tick sized for the stand-in's requests", proc, steps=2400)
         decisions = expect(client.get("/decisions", params={"deployment": "demo"}), 200, proc)["items"]
