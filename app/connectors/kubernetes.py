@@ -38,7 +38,6 @@ resource to grant.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -51,6 +50,16 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from app.config import KubernetesConnectorConfig
+from app.connectors.dgd import (
+    adapter_name,
+    describe_services,
+    is_ready,
+    ready_reason,
+    resolve_role,
+    server_message,
+    service_gpus,
+    status_body,
+)
 from app.core.errors import ConnectorError, ConnectorNotReadyError
 from app.core.types import Replicas, Role
 
@@ -65,137 +74,7 @@ MERGE_PATCH = "application/merge-patch+json"
 # The service account's files, when running in a pod (a module constant so tests can move it).
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
-# Service names Dynamo's planner accepts for a role when no service declares a subComponentType.
-LEGACY_NAMES: dict[str, tuple[str, ...]] = {
-    "prefill": ("VllmPrefillWorker", "TRTLLMPrefillWorker", "prefill"),
-    "decode": ("VllmDecodeWorker", "TRTLLMDecodeWorker", "decode"),
-}
-
 _T = TypeVar("_T")
-
-
-def _adapter_name(dgd_name: str, service: str) -> str:
-    """Dynamo's operator names a service's DGDSA `<dgd>-<service in lower case>`."""
-    return f"{dgd_name}-{service.lower()}"
-
-
-def is_ready(dgd: dict[str, Any]) -> bool:
-    """True when the DGD's `Ready` condition has status "True" (Dynamo's readiness test)."""
-    conditions = (dgd.get("status") or {}).get("conditions") or []
-    ready = next((c for c in conditions if isinstance(c, dict) and c.get("type") == "Ready"), None)
-    return ready is not None and ready.get("status") == "True"
-
-
-def _ready_reason(dgd: dict[str, Any]) -> str:
-    conditions = (dgd.get("status") or {}).get("conditions") or []
-    ready = next((c for c in conditions if isinstance(c, dict) and c.get("type") == "Ready"), None)
-    if ready is None:
-        return "no Ready condition yet"
-    detail = ready.get("message") or ready.get("reason") or ""
-    return f"Ready={ready.get('status')}" + (f" ({detail})" if detail else "")
-
-
-def _sub_component_type(spec: dict[str, Any]) -> str:
-    return str(spec.get("subComponentType") or "")
-
-
-def _describe_services(services: dict[str, Any]) -> str:
-    if not services:
-        return "none"
-    parts = []
-    for name, spec in services.items():
-        spec = spec if isinstance(spec, dict) else {}
-        kind = _sub_component_type(spec) or spec.get("componentType") or "-"
-        parts.append(f"{name} ({kind})")
-    return ", ".join(parts)
-
-
-def _resolve_role(role: Role, services: dict[str, dict[str, Any]]) -> tuple[str | None, str]:
-    """(service name, "") or (None, why not)."""
-    wanted = "decode" if role == "workers" else role
-    by_type = [name for name, spec in services.items() if _sub_component_type(spec) == wanted]
-    if len(by_type) > 1:
-        return None, f"services {', '.join(sorted(by_type))} all declare subComponentType {wanted}"
-    if by_type:
-        return by_type[0], ""
-    untyped = {name: spec for name, spec in services.items() if not _sub_component_type(spec)}
-    candidates = [name for name in untyped if name in LEGACY_NAMES[wanted]]
-    if role == "workers":
-        candidates += [
-            name
-            for name, spec in untyped.items()
-            if spec.get("componentType") == "worker" and name not in candidates
-        ]
-    if len(candidates) == 1:
-        return candidates[0], ""
-    if len(candidates) > 1:
-        return None, f"services {', '.join(sorted(candidates))} could all be the {role} service"
-    return None, f"no service has subComponentType {wanted}"
-
-
-def _parse_gpus(value: Any, *, where: str) -> int:
-    """A Kubernetes quantity of whole GPUs: 2, "2", "2000m"."""
-    if isinstance(value, bool):
-        raise ConnectorError(f"{where}: GPU count {value!r} is not a whole number")
-    if isinstance(value, int):
-        count = value
-    else:
-        text = str(value).strip()
-        try:
-            if text.endswith("m") and text[:-1].isdigit() and int(text[:-1]) % 1000 == 0:
-                count = int(text[:-1]) // 1000
-            else:
-                count = int(text)
-        except ValueError:
-            raise ConnectorError(f"{where}: GPU count {value!r} is not a whole number") from None
-    if count < 0:
-        raise ConnectorError(f"{where}: GPU count {value!r} is negative")
-    return count
-
-
-def service_gpus(name: str, spec: dict[str, Any]) -> int | None:
-    """GPUs one engine of this service uses, or None when the service declares none.
-
-    Looks at `resources.limits.gpu` (the DGD's own resources type), `resources.limits
-    ["nvidia.com/gpu"]`, then the same under `requests`, then the main container's
-    `extraPodSpec.mainContainer.resources`. A multinode engine (`multinode.nodeCount` > 1) uses
-    that many times the per-node count."""
-    resources = spec.get("resources") or {}
-    main = ((spec.get("extraPodSpec") or {}).get("mainContainer") or {}).get("resources") or {}
-    declared: Any = None
-    where = ""
-    for section_name, section in (("resources", resources), ("extraPodSpec.mainContainer.resources", main)):
-        for kind in ("limits", "requests"):
-            values = section.get(kind) or {}
-            for key in ("gpu", "nvidia.com/gpu"):
-                if values.get(key) not in (None, ""):
-                    declared, where = values[key], f"spec.services.{name}.{section_name}.{kind}.{key}"
-                    break
-            if declared is not None:
-                break
-        if declared is not None:
-            break
-    if declared is None:
-        return None
-    per_node = _parse_gpus(declared, where=where)
-    nodes = (spec.get("multinode") or {}).get("nodeCount") or 1
-    try:
-        nodes = int(nodes)
-    except (TypeError, ValueError):
-        raise ConnectorError(f"spec.services.{name}.multinode.nodeCount {nodes!r} is not a number") from None
-    return per_node * max(nodes, 1)
-
-
-def _status_body(exc: ApiException) -> dict[str, Any]:
-    try:
-        body = json.loads(exc.body or "")
-    except (TypeError, ValueError):
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
-def _server_message(exc: ApiException) -> str:
-    return str(_status_body(exc).get("message") or exc.reason or "").strip()
 
 
 class KubernetesConnector:
@@ -279,7 +158,7 @@ class KubernetesConnector:
                 # Not a failure and not a success: the planner keeps the decision pending and
                 # hands it over again once the DGD is Ready.
                 raise ConnectorNotReadyError(
-                    f"{self._where()} is not Ready ({_ready_reason(dgd)}): not scaled yet"
+                    f"{self._where()} is not Ready ({ready_reason(dgd)}): not scaled yet"
                 )
             names = self._resolve_services(dgd)
             try:
@@ -314,7 +193,7 @@ class KubernetesConnector:
         services = self._services(dgd)
         fallback: dict[str, int] = {}
         for service, replicas in targets.items():
-            adapter = _adapter_name(self.config.dgd_name, service)
+            adapter = adapter_name(self.config.dgd_name, service)
             try:
                 await self._call(
                     "patch",
@@ -398,7 +277,7 @@ class KubernetesConnector:
         names: dict[Role, str] = {}
         problems: list[str] = []
         for role in self.roles:
-            name, why = _resolve_role(role, services)
+            name, why = resolve_role(role, services)
             if name is None:
                 problems.append(f"role {role}: {why}")
             else:
@@ -406,7 +285,7 @@ class KubernetesConnector:
         if problems:
             raise ConnectorError(
                 f"{self._where()}: cannot find the service of every role ({'; '.join(problems)}); "
-                f"services found: {_describe_services(services)}"
+                f"services found: {describe_services(services)}"
             )
         return names
 
@@ -495,8 +374,8 @@ class KubernetesConnector:
             raise ConnectorError(f"{self._where()}: {verb} {resource} {name!r}: {exc}") from None
 
     def _translate(self, exc: ApiException, *, verb: str, resource: str, name: str) -> ConnectorError:
-        message = _server_message(exc)
-        body = _status_body(exc)
+        message = server_message(exc)
+        body = status_body(exc)
         if exc.status == 404 and resource == DGD_PLURAL:
             if not (body.get("details") or {}).get("name"):
                 # No object details: the API server does not serve the resource type at all.
