@@ -49,8 +49,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
 from types import TracebackType
 from typing import Any
 
@@ -59,11 +58,19 @@ import zmq
 
 from app.core.errors import SourceUnavailableError
 from app.core.perf.fpm import ForwardPassMetrics
+from app.sources.fpm_snapshot import (
+    DrainTally,
+    EndpointCounters,
+    EndpointState,
+    EngineFpm,
+    EngineKey,
+    FpmSnapshot,
+)
+from app.sources.fpm_wire import describe, unwrap_event_frame, validate_endpoint
 
 log = logging.getLogger(__name__)
 
 SOURCE_NAME = "fpm"
-EngineKey = tuple[str, int]  # (worker_id, dp_rank)
 
 # Messages queued per endpoint while the thread is busy or descheduled: seconds of an engine's
 # records (one per iteration), the size of Dynamo's own publisher queue. Past it messages are
@@ -74,101 +81,6 @@ DEFAULT_TRAINABLE_LIMIT = 10_000
 POLL_TIMEOUT_MS = 50  # how promptly `stop()` is noticed when nothing arrives
 DRAIN_BUDGET = 4096  # messages per socket per round, so every socket is served in turn
 EXPIRE_EVERY_S = 0.5  # the thread prunes silent engines at this cadence, besides `snapshot()`
-
-
-@dataclass(frozen=True)
-class EngineFpm:
-    """One engine's latest record in the inventory."""
-
-    record: ForwardPassMetrics
-    endpoint: str  # the publisher it came from
-    age_s: float  # since it arrived, at snapshot time
-    trainable: bool  # False for an idle heartbeat: liveness and queues, not a regression sample
-
-
-@dataclass(frozen=True)
-class EndpointCounters:
-    """Per publisher; `received` counts every message read, malformed ones included."""
-
-    endpoint: str
-    received: int = 0
-    malformed: int = 0
-    dropped: int = 0  # missing sequence numbers
-    heartbeats: int = 0
-    restarts: int = 0  # the sequence went back: the engine restarted
-    last_sequence: int | None = None
-    last_error: str | None = None
-
-
-@dataclass(frozen=True)
-class FpmSnapshot:
-    engines: Mapping[EngineKey, EngineFpm]  # live engines only
-    endpoints: Mapping[str, EndpointCounters]
-    received: int
-    malformed: int
-    dropped: int
-    heartbeats: int
-    restarts: int
-    expired: int  # engines that left the inventory after `engine_timeout_s` of silence
-    trainable_overflow: int  # trainable records dropped because nobody collected them in time
-    last_error: str | None  # the most recent malformed message's reason, from any endpoint
-    running: bool
-    failure: str | None  # why the ingestion thread stopped on its own, if it did
-    removed: int = 0  # engines that left with their publisher (it left discovery)
-    discovery_error: str | None = None  # the last failed `discover()` call's reason, until one works
-
-    def records(self, endpoints: Collection[str] | None = None) -> dict[EngineKey, ForwardPassMetrics]:
-        """The latest record per engine (of the given endpoints only, e.g. one role's)."""
-        return {
-            key: engine.record
-            for key, engine in self.engines.items()
-            if endpoints is None or engine.endpoint in endpoints
-        }
-
-    def dp_ranks(self) -> dict[str, int]:
-        """Live dp ranks per worker_id: what reconciling with the ready count needs (§4.3 step 4)."""
-        ranks: dict[str, int] = {}
-        for worker_id, _ in self.engines:
-            ranks[worker_id] = ranks.get(worker_id, 0) + 1
-        return ranks
-
-
-class _Endpoint:
-    """Per-endpoint state, changed by the thread under the lock (`_publish`)."""
-
-    __slots__ = (
-        "endpoint",
-        "next_seq",
-        "received",
-        "malformed",
-        "dropped",
-        "heartbeats",
-        "restarts",
-        "error",
-    )
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-        self.next_seq: int | None = None
-        self.received = 0
-        self.malformed = 0
-        self.dropped = 0
-        self.heartbeats = 0
-        self.restarts = 0
-        self.error: str | None = None
-
-    def values(self) -> tuple[str, int, int, int, int, int, int | None, str | None]:
-        """The fields of `EndpointCounters`, in order (cheap enough to take under the lock)."""
-        return (
-            self.endpoint,
-            self.received,
-            self.malformed,
-            self.dropped,
-            self.heartbeats,
-            self.restarts,
-            None if self.next_seq is None else self.next_seq - 1,
-            self.error,
-        )
 
 
 # (record, endpoint, received_at on the injected monotonic clock)
@@ -186,57 +98,6 @@ def _discard_rest(sock: zmq.Socket) -> int:
         sock.recv()
         n += 1
     return n
-
-
-def _describe(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-EVENT_FRAME_VERSION = 1  # Dynamo's event-plane frame header: version byte, then u32 BE length
-_EVENT_HEADER = 5
-
-
-def unwrap_event_frame(frame: bytes) -> bytes:
-    """The msgpack FPM record inside one Dynamo event-plane frame (the last of its 4 frames).
-    Raises ValueError naming what is wrong."""
-    if len(frame) < _EVENT_HEADER:
-        raise ValueError(f"event frame is {len(frame)} bytes, shorter than its 5-byte header")
-    if frame[0] != EVENT_FRAME_VERSION:
-        raise ValueError(f"event frame version {frame[0]}, expected {EVENT_FRAME_VERSION}")
-    length = int.from_bytes(frame[1:_EVENT_HEADER], "big")
-    if length != len(frame) - _EVENT_HEADER:
-        raise ValueError(f"event frame says {length} bytes follow its header, {len(frame) - 5} do")
-    try:
-        envelope = msgpack.unpackb(memoryview(frame)[_EVENT_HEADER:], raw=False, strict_map_key=False)
-    except Exception as exc:
-        raise ValueError(f"event envelope is not msgpack ({_describe(exc)})") from None
-    payload = envelope.get("payload") if type(envelope) is dict else None
-    if type(payload) is not bytes:
-        raise ValueError("event envelope: payload missing or not bytes")
-    return payload
-
-
-def validate_endpoint(endpoint: str) -> str | None:
-    """Why `endpoint` is not an address a SUB socket can connect to, or None if it is."""
-    transport, sep, address = endpoint.partition("://")
-    if not sep or not address:
-        return "expected transport://address, e.g. tcp://10.0.0.5:20380"
-    if transport == "inproc":
-        return "inproc:// cannot reach an engine in another process"
-    if transport == "tcp":
-        port = address.rpartition(":")[2]
-        if not port.isdigit() or not 1 <= int(port) <= 65535:
-            return f"tcp port must be 1..65535, got {port!r}"
-    context = zmq.Context()
-    sock = context.socket(zmq.SUB)
-    try:
-        sock.connect(endpoint)  # zmq's own parser: transport, host syntax, wildcards
-    except zmq.ZMQError as exc:
-        return str(exc)
-    finally:
-        sock.close(linger=0)
-        context.term()
-    return None
 
 
 class FpmSubscriber:
@@ -272,7 +133,7 @@ class FpmSubscriber:
         self._thread: threading.Thread | None = None
         self._context: zmq.Context | None = None
         self._sockets: dict[str, zmq.Socket] = {}
-        self._state = {ep: _Endpoint(ep) for ep in self.endpoints}
+        self._state = {ep: EndpointState(ep) for ep in self.endpoints}
         self._latest: dict[EngineKey, _Entry] = {}
         self._trainable: deque[ForwardPassMetrics] = deque(maxlen=trainable_limit)
         self._trainable_overflow = 0
@@ -296,7 +157,7 @@ class FpmSubscriber:
             try:
                 self._discover()
             except Exception as exc:
-                raise SourceUnavailableError(SOURCE_NAME, f"discovery: {_describe(exc)}") from None
+                raise SourceUnavailableError(SOURCE_NAME, f"discovery: {describe(exc)}") from None
 
     def start(self) -> FpmSubscriber:
         if self._thread is not None:
@@ -422,7 +283,7 @@ class FpmSubscriber:
 
     def _loop(self) -> None:
         poller = zmq.Poller()
-        state_of: dict[Any, _Endpoint] = {}
+        state_of: dict[Any, EndpointState] = {}
         for endpoint, sock in self._sockets.items():
             poller.register(sock, zmq.POLLIN)
             state_of[sock] = self._state[endpoint]
@@ -445,7 +306,7 @@ class FpmSubscriber:
                 self._expire(now, latest_copy)
                 next_expiry = now + EXPIRE_EVERY_S
 
-    def _rediscover(self, poller: zmq.Poller, state_of: dict[Any, _Endpoint]) -> None:
+    def _rediscover(self, poller: zmq.Poller, state_of: dict[Any, EndpointState]) -> None:
         """Subscribe to the publishers discovery names now, close the ones it no longer names
         (their engines leave the inventory at once). A failed `discover()` keeps what runs."""
         assert self._discover is not None
@@ -454,7 +315,7 @@ class FpmSubscriber:
         except Exception as exc:
             if self._discovery_error is None:
                 log.warning("FPM discovery failed (keeping %d publishers): %s", len(self._sockets), exc)
-            self._discovery_error = _describe(exc)
+            self._discovery_error = describe(exc)
             return
         wanted = set(found)
         gone = [ep for ep in self._sockets if ep not in wanted]
@@ -487,7 +348,7 @@ class FpmSubscriber:
                 removed = len(stale)
                 self._removed += removed
             for endpoint in added:
-                self._state[endpoint] = _Endpoint(endpoint)
+                self._state[endpoint] = EndpointState(endpoint)
         for endpoint in added:
             sock = self._open(endpoint)
             poller.register(sock, zmq.POLLIN)
@@ -506,11 +367,11 @@ class FpmSubscriber:
     def _drain(
         self,
         sock: zmq.Socket,
-        state: _Endpoint,
+        state: EndpointState,
         now: float,
         latest: dict[EngineKey, _Entry],
         trainable: list[ForwardPassMetrics],
-    ) -> _Tally:
+    ) -> DrainTally:
         """Read up to DRAIN_BUDGET messages without blocking. The hot loop: locals only.
 
         Frames are read one by one rather than with `recv_multipart`, which costs a Python-level
@@ -572,7 +433,7 @@ class FpmSubscriber:
                 obj = unpack(payload, raw=False, strict_map_key=False)
             except Exception as exc:  # ExtraData, FormatError, StackError, UnicodeDecodeError, ...
                 malformed += 1
-                error = f"seq {seq}: payload is not msgpack ({_describe(exc)})"
+                error = f"seq {seq}: payload is not msgpack ({describe(exc)})"
                 continue
             try:
                 record = from_wire(obj)
@@ -585,10 +446,10 @@ class FpmSubscriber:
             else:
                 append(record)
             latest[(record.worker_id, record.dp_rank)] = (record, endpoint, now)
-        return _Tally(state, received, malformed, dropped, heartbeats, restarts, error, expected)
+        return DrainTally(state, received, malformed, dropped, heartbeats, restarts, error, expected)
 
     def _publish(
-        self, latest: dict[EngineKey, _Entry], trainable: list[ForwardPassMetrics], tallies: list[_Tally]
+        self, latest: dict[EngineKey, _Entry], trainable: list[ForwardPassMetrics], tallies: list[DrainTally]
     ) -> None:
         first_errors = [t for t in tallies if t.error is not None and t.state.malformed == 0]
         with self._lock:
@@ -619,46 +480,3 @@ class FpmSubscriber:
         if self._context is not None:
             self._context.term()
             self._context = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Tally:
-    """What one drain of one socket saw, applied to the shared counters under the lock."""
-
-    state: _Endpoint
-    received: int
-    malformed: int
-    dropped: int
-    heartbeats: int
-    restarts: int
-    error: str | None
-    next_seq: int | None
-
-
-def as_json(snapshot: FpmSnapshot) -> dict[str, Any]:
-    """The snapshot for diagnostics: counters and per-engine summaries, no raw records."""
-    return {
-        "received": snapshot.received,
-        "malformed": snapshot.malformed,
-        "dropped": snapshot.dropped,
-        "heartbeats": snapshot.heartbeats,
-        "restarts": snapshot.restarts,
-        "expired": snapshot.expired,
-        "trainable_overflow": snapshot.trainable_overflow,
-        "last_error": snapshot.last_error,
-        "running": snapshot.running,
-        "failure": snapshot.failure,
-        "removed": snapshot.removed,
-        "discovery_error": snapshot.discovery_error,
-        "publishers": sorted(snapshot.endpoints),
-        "engines": [
-            {
-                "worker_id": worker_id,
-                "dp_rank": dp_rank,
-                "endpoint": engine.endpoint,
-                "age_s": round(engine.age_s, 3),
-                "trainable": engine.trainable,
-            }
-            for (worker_id, dp_rank), engine in sorted(snapshot.engines.items())
-        ],
-    }

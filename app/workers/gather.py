@@ -25,7 +25,7 @@ from app.core.perf.fpm import ForwardPassMetrics
 from app.core.planner import Planner
 from app.core.types import Role, TrafficObservation
 from app.sources.fpm import FpmSubscriber
-from app.sources.fpm import as_json as fpm_as_json
+from app.sources.fpm_snapshot import as_json as fpm_as_json
 from app.sources.traffic import TrafficSource
 from app.store import decisions as decision_store
 

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.core.perf.fpm import ForwardPassMetrics
 from app.sources import traffic_common as names
 from app.sources.dynamo_discovery import DEFAULT_COMPONENTS, FPM_TOPIC, FileDiscovery
-from app.sources.fpm import unwrap_event_frame
+from app.sources.fpm_wire import unwrap_event_frame
 from app.sources.frontend_scrape import difference, parse_metrics
 from tests.support import REPO_ROOT
 

@@ -21,7 +21,8 @@ import zmq
 
 from app.core.perf.fpm import ForwardPassMetrics
 from app.sources.dynamo_discovery import FileDiscovery
-from app.sources.fpm import FpmSubscriber, unwrap_event_frame
+from app.sources.fpm import FpmSubscriber
+from app.sources.fpm_wire import unwrap_event_frame
 from tests.support import REPO_ROOT
 
 RECORDED = json.loads((REPO_ROOT / "tests/data/dynamo-1.6.1/fpm_event_plane.json").read_text())["messages"]

@@ -25,7 +25,8 @@ import pytest
 
 from app.core.errors import SourceUnavailableError
 from app.core.perf.fpm import ForwardPassMetrics
-from app.sources.fpm import FpmSnapshot, FpmSubscriber, as_json
+from app.sources.fpm import FpmSubscriber
+from app.sources.fpm_snapshot import FpmSnapshot, as_json
 from tests.fpm_publisher import GARBAGE_KINDS, Publisher, encode, garbage, heartbeat, make_record
 from tests.support import REPO_ROOT
 
