@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 # The lease is renewed far more often than it expires, and independently of the tick interval;
 # a standby asks as often and at the lease's expiry, so a planner that dies (even SIGKILLed)
 # hands its deployments over within LEASE_TTL_S. The defaults of PLANNER_LEASE_TTL_S and
-# PLANNER_LEASE_RENEW_S (app/config.py).
+# PLANNER_LEASE_RENEW_S (app/config/settings.py).
 LEASE_TTL_S = 30.0
 LEASE_RENEW_S = 10.0
 # While the source or the connector is not ready, ask again this often.

@@ -59,7 +59,7 @@ async def test_dashboard_page_is_public_and_loads_only_its_own_assets(make_api):
 
 async def test_unknown_dashboard_asset_is_a_404_problem(make_api):
     api = await make_api()
-    assert_problem(await api.client.get("/dashboard/assets/../../app/config.py"), 404)
+    assert_problem(await api.client.get("/dashboard/assets/../../app/config/settings.py"), 404)
     assert_problem(await api.client.get("/dashboard/assets/secrets.txt"), 404, "name")
 
 

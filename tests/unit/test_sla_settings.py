@@ -15,7 +15,7 @@ from tests.support import demo_config
 
 # Fields that choose or pace the algorithm rather than tune it: the worker reads them itself.
 _NOT_SETTINGS = {"algorithm", "interval_s"}
-# Scale to zero needs both minimums at 0 (app/config.py).
+# Scale to zero needs both minimums at 0 (app/config/deployment.py).
 _ZERO_MINIMUMS = {
     "prefill": {"min_replicas": 0, "max_replicas": 8},
     "decode": {"min_replicas": 0, "max_replicas": 8},

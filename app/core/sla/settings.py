@@ -1,5 +1,5 @@
 """SLA scaling's settings: the few a deployment's `scaling:` section may set (`SlaTuning`, declared
-once here with their descriptions; `app/config.py`'s `ScalingConfig` extends it), the model's
+once here with their descriptions; `app/config/deployment.py`'s `ScalingConfig` extends it), the model's
 parameters (`SlaModel`: fixed, documented, varied only by tests and the ablation bench), and what
 the deployment adds (targets, bounds, engine capacities).
 

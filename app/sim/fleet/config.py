@@ -1,6 +1,6 @@
 """A fleet file: several deployments, one trace or named workload each, under one GPU budget.
 
-The file is a replay file (deployments + `simulation:`) with a `fleet:` section (app/config.py
+The file is a replay file (deployments + `simulation:`) with a `fleet:` section (app/config/fleet.py
 `FleetConfig`) and, under `simulation.traces`, one trace or named workload per deployment; read
 and validated here, with each deployment's requests as its replay sees them.
 """

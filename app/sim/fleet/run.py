@@ -1,6 +1,6 @@
 """`planner replay --config <fleet file>`: several deployments, one trace each, under one GPU budget.
 
-A fleet file is a replay file (deployments + `simulation:`) with a `fleet:` section (app/config.py
+A fleet file is a replay file (deployments + `simulation:`) with a `fleet:` section (app/config/fleet.py
 `FleetConfig`) and, under `simulation.traces`, one trace or named workload per deployment. Each
 deployment gets its own simulated cluster and its own planner (SLA scaling, exactly as
 `planner replay` runs it); every `fleet.interval_s` the clusters run to the same simulated time

@@ -174,7 +174,7 @@ def with_overrides(
     if scale_to_zero_quiet_s is not None:
         if modes is not None:
             raise ConfigError("--scale-to-zero: SLA scaling's (--policy planner), not the seed's --modes")
-        # Scale to zero needs both minimums at 0 (app/config.py): the flag sets them, so that
+        # Scale to zero needs both minimums at 0 (app/config/deployment.py): the flag sets them, so that
         # the file's replay stays exactly what it was without it.
         for role in ("prefill", "decode"):
             base = deployment_update.get(role, d.role(role))
