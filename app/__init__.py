@@ -1,3 +1,3 @@
 """The planner: SLA-driven autoscaling for disaggregated LLM inference."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
