@@ -53,11 +53,11 @@ from collections.abc import Callable, Collection
 from types import TracebackType
 from typing import Any
 
-import msgpack
 import zmq
 
 from app.core.errors import SourceUnavailableError
 from app.core.perf.fpm import ForwardPassMetrics
+from app.sources.fpm_drain import Entry, drain
 from app.sources.fpm_snapshot import (
     DrainTally,
     EndpointCounters,
@@ -66,7 +66,7 @@ from app.sources.fpm_snapshot import (
     EngineKey,
     FpmSnapshot,
 )
-from app.sources.fpm_wire import describe, unwrap_event_frame, validate_endpoint
+from app.sources.fpm_wire import describe, validate_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -79,25 +79,7 @@ DEFAULT_RCVHWM = 10_000
 # Records kept for `new_trainable_records()` between two calls; older ones are dropped (counted).
 DEFAULT_TRAINABLE_LIMIT = 10_000
 POLL_TIMEOUT_MS = 50  # how promptly `stop()` is noticed when nothing arrives
-DRAIN_BUDGET = 4096  # messages per socket per round, so every socket is served in turn
 EXPIRE_EVERY_S = 0.5  # the thread prunes silent engines at this cadence, besides `snapshot()`
-
-
-# (record, endpoint, received_at on the injected monotonic clock)
-_Entry = tuple[ForwardPassMetrics, str, float]
-
-
-_NOBLOCK = zmq.NOBLOCK
-_RCVMORE = zmq.RCVMORE
-
-
-def _discard_rest(sock: zmq.Socket) -> int:
-    """Read and drop the remaining frames of a message; how many there were."""
-    n = 0
-    while sock.getsockopt(_RCVMORE):
-        sock.recv()
-        n += 1
-    return n
 
 
 class FpmSubscriber:
@@ -134,7 +116,7 @@ class FpmSubscriber:
         self._context: zmq.Context | None = None
         self._sockets: dict[str, zmq.Socket] = {}
         self._state = {ep: EndpointState(ep) for ep in self.endpoints}
-        self._latest: dict[EngineKey, _Entry] = {}
+        self._latest: dict[EngineKey, Entry] = {}
         self._trainable: deque[ForwardPassMetrics] = deque(maxlen=trainable_limit)
         self._trainable_overflow = 0
         self._expired = 0
@@ -250,7 +232,7 @@ class FpmSubscriber:
             taken, self._trainable = self._trainable, fresh
         return list(taken)
 
-    def _expire(self, now: float, latest: dict[EngineKey, _Entry]) -> None:
+    def _expire(self, now: float, latest: dict[EngineKey, Entry]) -> None:
         """Remove the engines silent for `engine_timeout_s` from the inventory and from `latest`
         (the caller's copy of it)."""
         limit = now - self.engine_timeout_s
@@ -296,9 +278,9 @@ class FpmSubscriber:
             ready = poller.poll(POLL_TIMEOUT_MS)
             now = self._monotonic()
             if ready:
-                latest: dict[EngineKey, _Entry] = {}
+                latest: dict[EngineKey, Entry] = {}
                 trainable: list[ForwardPassMetrics] = []
-                tallies = [self._drain(sock, state_of[sock], now, latest, trainable) for sock, _ in ready]
+                tallies = [drain(sock, state_of[sock], now, latest, trainable) for sock, _ in ready]
                 self._publish(latest, trainable, tallies)
             if now >= next_expiry:
                 with self._lock:
@@ -364,92 +346,8 @@ class FpmSubscriber:
                 removed,
             )
 
-    def _drain(
-        self,
-        sock: zmq.Socket,
-        state: EndpointState,
-        now: float,
-        latest: dict[EngineKey, _Entry],
-        trainable: list[ForwardPassMetrics],
-    ) -> DrainTally:
-        """Read up to DRAIN_BUDGET messages without blocking. The hot loop: locals only.
-
-        Frames are read one by one rather than with `recv_multipart`, which costs a Python-level
-        loop and list per message (about a quarter of the receive time). ZMQ delivers a multipart
-        message whole, so once its first frame is in the blocking reads of the rest return at once.
-        """
-        recv = sock.recv
-        more = sock.getsockopt
-        unpack = msgpack.unpackb
-        from_wire = ForwardPassMetrics.from_wire
-        from_bytes = int.from_bytes
-        append = trainable.append
-        endpoint = state.endpoint
-        expected = state.next_seq
-        received = malformed = dropped = heartbeats = restarts = 0
-        error: str | None = None
-        for _ in range(DRAIN_BUDGET):
-            try:
-                recv(_NOBLOCK)  # the topic: any
-            except zmq.Again:
-                break
-            received += 1
-            if not more(_RCVMORE):
-                malformed += 1
-                error = "expected 3 frames (topic, sequence, payload), got 1"
-                continue
-            seq_frame = recv()
-            if not more(_RCVMORE):
-                malformed += 1
-                error = "expected 3 frames (topic, sequence, payload), got 2"
-                continue
-            payload = recv()
-            if more(_RCVMORE):  # Dynamo's event plane: (topic, publisher id, sequence, frame)
-                seq_frame, frame = payload, recv()
-                if more(_RCVMORE):
-                    extra = _discard_rest(sock)
-                    malformed += 1
-                    error = f"expected 3 or 4 frames, got {4 + extra}"
-                    continue
-                try:
-                    payload = unwrap_event_frame(frame)
-                except ValueError as exc:
-                    malformed += 1
-                    error = str(exc)
-                    continue
-            if len(seq_frame) != 8:
-                malformed += 1
-                error = f"sequence frame is {len(seq_frame)} bytes, expected 8"
-                continue
-            seq = from_bytes(seq_frame, "big")
-            if seq != expected:
-                if expected is not None:
-                    if seq > expected:
-                        dropped += seq - expected
-                    else:
-                        restarts += 1
-            expected = seq + 1
-            try:
-                obj = unpack(payload, raw=False, strict_map_key=False)
-            except Exception as exc:  # ExtraData, FormatError, StackError, UnicodeDecodeError, ...
-                malformed += 1
-                error = f"seq {seq}: payload is not msgpack ({describe(exc)})"
-                continue
-            try:
-                record = from_wire(obj)
-            except ValueError as exc:
-                malformed += 1
-                error = f"seq {seq}: {exc}"
-                continue
-            if record.wall_time_s == 0.0:
-                heartbeats += 1
-            else:
-                append(record)
-            latest[(record.worker_id, record.dp_rank)] = (record, endpoint, now)
-        return DrainTally(state, received, malformed, dropped, heartbeats, restarts, error, expected)
-
     def _publish(
-        self, latest: dict[EngineKey, _Entry], trainable: list[ForwardPassMetrics], tallies: list[DrainTally]
+        self, latest: dict[EngineKey, Entry], trainable: list[ForwardPassMetrics], tallies: list[DrainTally]
     ) -> None:
         first_errors = [t for t in tallies if t.error is not None and t.state.malformed == 0]
         with self._lock:
