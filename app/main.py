@@ -21,6 +21,7 @@ from app.api.openapi import add_problem_schema
 from app.api.routes import dashboard, decisions, diagnostics, docs, health, overrides, plan
 from app.api.routes import deployments as deployment_routes
 from app.api.routes import fleet as fleet_routes
+from app.api.routes import settings as settings_routes
 from app.api.shutdown import chain_shutdown_signals
 from app.config import ConfigError, DeploymentsFile, Settings, load_deployments
 from app.connectors.virtual import DecisionHub, PgDecisionListener
@@ -194,6 +195,7 @@ def create_app(
     for module in (
         health,
         deployment_routes,
+        settings_routes,
         decisions,
         diagnostics,
         overrides,

@@ -18,6 +18,8 @@ from app.core.errors import (
     ConflictError,
     ConflictingFieldError,
     InvalidInputError,
+    PreconditionFailedError,
+    PreconditionRequiredError,
     NotFoundError,
     RetryLaterError,
     ShuttingDownError,
@@ -63,8 +65,10 @@ _DESCRIPTIONS = {
     403: "The token's role is too low, or no tokens are configured and the caller is not local",
     404: "An unknown deployment, decision or override",
     409: "The request contradicts the current state",
+    412: "If-Match names a revision that is no longer the current one; read again and retry",
     413: "The body is larger than PLANNER_MAX_BODY_BYTES",
     422: "Bad input; `errors[].field` names the field",
+    428: "The request must name the revision it changes (If-Match)",
     429: "Too many held long-polls, for this caller or in total; retry after Retry-After seconds",
     503: "The database is unavailable; retry after Retry-After seconds",
 }
@@ -163,6 +167,11 @@ def install_error_handlers(app: FastAPI) -> None:
         if isinstance(exc, ConflictingFieldError):
             errors = [{"field": exc.field, "message": exc.detail.removeprefix(f"{exc.field}: ")}]
         return problem(409, exc.detail, request=request, errors=errors)
+
+    @app.exception_handler(PreconditionFailedError)
+    async def _stale(request: Request, exc: PreconditionFailedError) -> JSONResponse:
+        status = 428 if isinstance(exc, PreconditionRequiredError) else 412
+        return problem(status, exc.detail, request=request)
 
     @app.exception_handler(RetryLaterError)
     async def _retry_later(request: Request, exc: RetryLaterError) -> JSONResponse:

@@ -263,3 +263,17 @@ class Readiness(BaseModel):
     ready: bool
     database: str
     deployments: dict[str, list[str]] = Field(description="Per deployment, what keeps it from being ready")
+
+
+class SettingsOut(BaseModel):
+    deployment: str
+    revision: int = Field(description="The settings' revision; the ETag header carries it, and a PATCH names it in If-Match")
+    settings: dict[str, Any] = Field(
+        description="The live settings as the deployment runs them, nested as in the deployments file"
+    )
+    sources: dict[str, Literal["file", "store"]] = Field(
+        description="Per live field (dotted path): `file` (the deployments file's value) or `store` (changed over the API)"
+    )
+    overrides: dict[str, Any] = Field(description="The changes stored over the file, nested as in the file")
+    updated_at: datetime | None = Field(description="When the last change was stored; null if never")
+    updated_by: str | None = Field(description="Who stored the last change (the token's fingerprint)")

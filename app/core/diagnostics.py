@@ -399,6 +399,8 @@ class TickDiagnostics(Record):
     # The fleet grant this tick ran under (app/core/fleet/grants.py `grant_record`); None
     # without a fleet.
     fleet: dict[str, Any] | None = None
+    # The revision of the live settings the tick decided under (0: the deployments file's).
+    settings_revision: int | None = None
     verdict: Text = None
     decision_id: int | None = None
 

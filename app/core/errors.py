@@ -25,6 +25,18 @@ class ConflictError(PlannerError):
         self.detail = detail
 
 
+class PreconditionFailedError(PlannerError):
+    """The request names a revision (`If-Match`) that is no longer the current one (HTTP 412)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class PreconditionRequiredError(PreconditionFailedError):
+    """A change that must name the revision it is based on did not (HTTP 428)."""
+
+
 class ConflictingFieldError(ConflictError):
     """A conflict caused by one field of the request (HTTP 409 naming it)."""
 

@@ -243,6 +243,13 @@ class Planner:
             throughput = replace(throughput, gpus_per_engine=merged)
         self.settings = replace(self.settings, gpus_per_engine=merged, throughput=throughput)
 
+    def reconfigure(self, settings: PlannerSettings) -> None:
+        """Decide under `settings` from the next tick on (settings changed live): what was
+        learned stays, and so do the GPUs per engine the cluster declared."""
+        declared = self.settings.gpus_per_engine
+        self.settings = settings
+        self.with_gpus_per_engine(declared)
+
     # --- one tick --------------------------------------------------------------------------------
 
     def on_tick(self, inp: TickInput) -> Effects:

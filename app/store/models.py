@@ -96,6 +96,20 @@ class FleetStateRow(Base):
     record: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
 
 
+class DeploymentSettingsRow(Base):
+    """A deployment's live settings changed over the API (`app/store/settings.py`): the stored
+    overrides of the deployments file's values, nested as in the file, and their revision (the
+    ETag a change must name). No row: revision 0, the file's values."""
+
+    __tablename__ = "deployment_settings"
+
+    deployment: Mapped[str] = mapped_column(String(63), primary_key=True)
+    revision: Mapped[int] = mapped_column(Integer)
+    overrides: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_by: Mapped[str] = mapped_column(String(64))
+
+
 class Tick(Base):
     __tablename__ = "ticks"
     __table_args__ = (Index("ix_ticks_deployment_at", "deployment", "at"),)

@@ -80,6 +80,10 @@ class DeploymentWorker(GatherMixin, TickMixin, ActuateMixin):
         in_fleet: bool = False,
     ) -> None:
         self.config = config
+        # The deployments file's deployment; `config` is it with the live settings applied
+        # (tick.py follows their revision, 0 while nothing was changed).
+        self.file_config = config
+        self.settings_revision = 0
         # Under a fleet budget: every tick applies the grant the fleet step stored (app/workers/fleet.py).
         self.in_fleet = in_fleet
         self.planner = planner or Planner(

@@ -18,16 +18,21 @@ from datetime import datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import DeploymentConfig
+from app.config.live import apply_overrides
 from app.connectors.virtual import DecisionHub
 from app.core.diagnostics import TickDiagnostics
+from app.core.errors import InvalidInputError
 from app.core.fleet.grants import asked_of, grant_record, with_grant
 from app.core.planner import Effects, Planner, TickInput
 from app.core.types import DecisionStatus
+from app.planner_setup import planner_settings
 from app.reports.metrics import PlannerMetrics
 from app.store import decisions as decision_store
 from app.store import fleet as fleet_store
 from app.store import planner_state as state_store
+from app.store import settings as settings_store
 from app.store import ticks as tick_store
+from app.store.settings import StoredSettings
 from app.store.models import Decision
 from app.store.overrides import active_overrides
 from app.workers.gather import Gathered
@@ -47,7 +52,9 @@ class TickReport:
 class TickMixin:
     """Deciding and storing one tick."""
 
-    config: DeploymentConfig
+    config: DeploymentConfig  # as it runs: the file's values with the live settings applied
+    file_config: DeploymentConfig
+    settings_revision: int
     planner: Planner
     in_fleet: bool
     _sf: sessionmaker[Session]
@@ -70,6 +77,7 @@ class TickMixin:
                 expired = decision_store.expire_overdue(
                     session, deployment=name, now=now, ack_timeout_s=self.config.connector.ack_timeout_s
                 )
+            self.follow_settings(settings_store.load(session, name))
             latest = decision_store.latest_decision(session, name)
             overrides = active_overrides(session, name, now)
             grant = fleet_store.stored_grant(session, name) if self.in_fleet else None
@@ -107,6 +115,7 @@ class TickMixin:
                     # The throughput step records what it observed; SLA scaling's diagnostics do not.
                     "traffic": gathered.traffic_json() if self.planner.settings.sla else None,
                     "expired_decision_id": expired.decision_id if expired else None,
+                    "settings_revision": self.settings_revision,
                 }
             )
             tick = tick_store.add_tick(session, deployment=name, at=now, record=record.as_json())
@@ -161,6 +170,35 @@ class TickMixin:
             latest if latest is not None and latest.status == DecisionStatus.PENDING else None
         )
         return TickReport(tick.id, decision, pending, summary)
+
+    def follow_settings(self, stored: StoredSettings) -> None:
+        """Run on the live settings the store holds, from this tick on, when their revision
+        changed. Overrides that the deployments file no longer accepts (the file changed under
+        them) are not applied: the file's values run, and the log says why."""
+        if stored.revision == self.settings_revision:
+            return
+        name = self.config.name
+        try:
+            config = apply_overrides(self.file_config, stored.overrides)
+        except InvalidInputError as exc:
+            log.warning(
+                "[%s] live settings of revision %d not applied, the deployments file's run: %s",
+                name,
+                stored.revision,
+                exc,
+                extra={"deployment": name},
+            )
+            config = self.file_config
+        self.config = config
+        self.planner.reconfigure(planner_settings(config, self.planner.model))
+        self.settings_revision = stored.revision
+        log.info(
+            "[%s] live settings at revision %d: %s",
+            name,
+            stored.revision,
+            stored.overrides or "the deployments file's",
+            extra={"deployment": name},
+        )
 
     def _export(self, effects: Effects) -> bytes | None:
         """The state this tick would commit, or None (and one warning) where it cannot be saved:

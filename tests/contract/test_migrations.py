@@ -81,6 +81,7 @@ def test_model_tables_are_known() -> None:
         "audit_log",
         "decision_acks",
         "decisions",
+        "deployment_settings",
         "deployment_state",
         "fleet_state",
         "overrides",

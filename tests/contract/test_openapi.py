@@ -17,6 +17,8 @@ EXPECTED_OPERATION_IDS = {
     "metrics",
     "list_deployments",
     "get_deployment",
+    "get_settings",
+    "change_settings",
     "list_decisions",
     "wait_for_decision",
     "get_decision",

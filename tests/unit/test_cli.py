@@ -21,6 +21,7 @@ EXPECTED_TABLES = {
     "audit_log",
     "decision_acks",
     "decisions",
+    "deployment_settings",
     "deployment_state",
     "fleet_state",
     "overrides",
@@ -231,7 +232,7 @@ def test_db_upgrade_creates_the_schema(tmp_path: Path) -> None:
         assert set(inspect(engine).get_table_names()) == EXPECTED_TABLES
         with engine.connect() as conn:
             assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalars().all() == [
-                "0003_fleet_state"
+                "0004_deployment_settings"
             ]
     finally:
         engine.dispose()

@@ -17,11 +17,13 @@ from app.api.schemas import DeploymentOut, RoleSummary, WorkerState
 from app.config import DeploymentConfig
 from app.store import decisions as decision_store
 from app.store import overrides as override_store
+from app.store import settings as settings_store
 
 router = APIRouter(prefix="/deployments", tags=["deployments"])
 
 
 def _summary(request: Request, session: Session, config: DeploymentConfig, now: datetime) -> DeploymentOut:
+    config = settings_store.effective(session, config)  # the live settings as the worker runs them
     latest = decision_store.latest_decision(session, config.name)
     confirmed = decision_store.last_acknowledged(session, config.name)
     active = override_store.list_overrides(session, deployment=config.name, include_inactive=False, now=now)

@@ -26,6 +26,7 @@ from app.core.errors import InvalidInputError
 from app.core.types import ALL_ROLES, ActiveOverrides, DecisionSource, OverrideAction
 from app.store import decisions as decision_store
 from app.store import overrides as store
+from app.store import settings as settings_store
 
 router = APIRouter(tags=["overrides"])
 
@@ -102,6 +103,7 @@ def create_override(
     body: Annotated[OverrideIn, Body()],
 ) -> OverrideCreated:
     config = deployment_or_raise(deployments, body.deployment, field="body.deployment")
+    config = settings_store.effective(session, config)  # bounds and budget as they run now
     action = OverrideAction(body.action)
     active = store.active_overrides(session, config.name, now)
     if isinstance(body, PinIn):
