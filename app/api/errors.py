@@ -18,9 +18,9 @@ from app.core.errors import (
     ConflictError,
     ConflictingFieldError,
     InvalidInputError,
+    NotFoundError,
     PreconditionFailedError,
     PreconditionRequiredError,
-    NotFoundError,
     RetryLaterError,
     ShuttingDownError,
 )

@@ -267,13 +267,21 @@ class Readiness(BaseModel):
 
 class SettingsOut(BaseModel):
     deployment: str
-    revision: int = Field(description="The settings' revision; the ETag header carries it, and a PATCH names it in If-Match")
+    revision: int = Field(
+        description="The settings' revision; the ETag header carries it, and a PATCH names it in If-Match"
+    )
     settings: dict[str, Any] = Field(
         description="The live settings as the deployment runs them, nested as in the deployments file"
     )
     sources: dict[str, Literal["file", "store"]] = Field(
-        description="Per live field (dotted path): `file` (the deployments file's value) or `store` (changed over the API)"
+        description="Per live field (dotted path): `file` (the deployments file's value) or `store` "
+        "(changed over the API)"
     )
     overrides: dict[str, Any] = Field(description="The changes stored over the file, nested as in the file")
+    not_applied: str | None = Field(
+        default=None,
+        description="Why the stored changes do not run, if they do not: the deployments file changed "
+        "under them and no longer accepts them, so the file's values run (null: they run)",
+    )
     updated_at: datetime | None = Field(description="When the last change was stored; null if never")
     updated_by: str | None = Field(description="Who stored the last change (the token's fingerprint)")

@@ -83,7 +83,9 @@ def merge_patch(stored: dict[str, Any], patch: Any, config: DeploymentConfig) ->
     """The stored overrides after `patch` (nested, as the file): unknown fields and non-objects
     are refused naming the field (`body.<path>`); `null` drops a field's override."""
     if not isinstance(patch, dict):
-        raise InvalidInputError("body", "a JSON object of the settings to change, e.g. {\"sla\": {\"ttft_ms\": 400}}")
+        raise InvalidInputError(
+            "body", 'a JSON object of the settings to change, e.g. {"sla": {"ttft_ms": 400}}'
+        )
     allowed = set(live_paths(config))
     merged = _flatten(stored)
     changes = _flatten(patch)
@@ -133,6 +135,17 @@ def apply_overrides(config: DeploymentConfig, overrides: dict[str, Any]) -> Depl
         elif loc in ALL_ROLES and message.startswith("min_replicas"):
             loc = f"{loc}.min_replicas"
         return _raise(loc, message)
+
+
+def running_config(
+    config: DeploymentConfig, overrides: dict[str, Any]
+) -> tuple[DeploymentConfig, str | None]:
+    """What runs: the file's deployment with the stored overrides, or, when the file changed
+    under them and no longer accepts them, the file's deployment and why."""
+    try:
+        return apply_overrides(config, overrides), None
+    except InvalidInputError as exc:
+        return config, f"{exc.field.removeprefix('body.')}: {exc.detail}"
 
 
 def _raise(loc: str, message: str) -> DeploymentConfig:

@@ -363,6 +363,8 @@ class SlaDiagnostics(Record):
     scale_down_window_s: Num = None
     latency: _sections(LatencyModel) = None
     capacity_check: _section(CapacityCheck) = None
+    # Per role, an order whose engines did not come within the bound (app/core/sla/shortfall.py).
+    capacity_unavailable: dict[str, dict[str, float | int]] | None = None
     quiet: _section(QuietPeriod) = None
     zero: _section(ScaleToZeroDiagnostics) = None
     forecast: _section(SlaForecast) = None  # attainment sizing only

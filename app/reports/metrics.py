@@ -255,6 +255,14 @@ class PlannerMetrics:
             ["deployment", "role"],
             registry=r,
         )
+        # 1 while a role's order did not become ready within the wait bound (app/core/sla/
+        # shortfall.py): the cluster has no room for the engines; an alert on it names the role.
+        self.capacity_unavailable = Gauge(
+            "dynamo_planner_capacity_unavailable",
+            "1 while SLA scaling's last order of the role did not become ready within the wait bound",
+            ["deployment", "role"],
+            registry=r,
+        )
         # The fleet step (app/workers/fleet.py), exported by the process that runs it (holds the
         # fleet lease); the others export nothing for it, as standby workers do for their ticks.
         self.fleet_budget_gpus = Gauge(
@@ -432,9 +440,12 @@ class PlannerMetrics:
         a wish (no traffic data, no model) leaves the last one: unknown is not zero."""
         if not sla:
             return
-        for role, section in (SlaDiagnostics.model_validate(sla).roles or {}).items():
+        record = SlaDiagnostics.model_validate(sla)
+        for role, section in (record.roles or {}).items():
             if (wish := finite_number(section.wish)) is not None:
                 self.sla_wish.labels(deployment, role).set(wish)
+            unavailable = role in (record.capacity_unavailable or {})
+            self.capacity_unavailable.labels(deployment, role).set(1 if unavailable else 0)
 
     def observe_lease(
         self, deployment: str, *, was_leader: bool, is_leader: bool, expires_at: datetime | None

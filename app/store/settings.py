@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.config.deployment import DeploymentConfig
-from app.config.live import apply_overrides, live_values, merge_patch
+from app.config.live import apply_overrides, live_values, merge_patch, running_config
 from app.core.errors import PreconditionFailedError
 from app.store.decisions import lock_deployment
 from app.store.models import DeploymentSettingsRow
@@ -40,8 +40,9 @@ def load(session: Session, deployment: str) -> StoredSettings:
 
 
 def effective(session: Session, config: DeploymentConfig) -> DeploymentConfig:
-    """The deployment as it runs: the file's values with the stored overrides applied."""
-    return apply_overrides(config, load(session, config.name).overrides)
+    """The deployment as it runs: the file's values with the stored overrides applied (the
+    file's alone if it no longer accepts them, as the worker does)."""
+    return running_config(config, load(session, config.name).overrides)[0]
 
 
 def change(
@@ -67,7 +68,7 @@ def change(
             "read them again (GET) and retry with the new ETag"
         )
     overrides = merge_patch(current.overrides, patch, config)
-    before = live_values(apply_overrides(config, current.overrides))
+    before = live_values(running_config(config, current.overrides)[0])
     after = live_values(apply_overrides(config, overrides))
     revision = current.revision + 1
     if row is None:

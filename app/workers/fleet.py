@@ -32,6 +32,7 @@ from app.core.types import Role
 from app.reports.metrics import PlannerMetrics
 from app.store import decisions as decision_store
 from app.store import fleet as fleet_store
+from app.store import settings as settings_store
 from app.store import ticks as tick_store
 from app.workers.clock import Clock
 from app.workers.lease import stop_leased
@@ -157,6 +158,7 @@ class FleetWorker:
     def _member(self, session: Session, name: str) -> FleetMember:
         config = self.deployments.get(name)
         assert config is not None
+        config = settings_store.effective(session, config)  # bounds and targets as they run
         entry = self.fleet.member(name)
         bounds = config.bounds()
         tick = tick_store.last_tick(session, name)

@@ -18,10 +18,9 @@ from datetime import datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import DeploymentConfig
-from app.config.live import apply_overrides
+from app.config.live import running_config
 from app.connectors.virtual import DecisionHub
 from app.core.diagnostics import TickDiagnostics
-from app.core.errors import InvalidInputError
 from app.core.fleet.grants import asked_of, grant_record, with_grant
 from app.core.planner import Effects, Planner, TickInput
 from app.core.types import DecisionStatus
@@ -32,9 +31,9 @@ from app.store import fleet as fleet_store
 from app.store import planner_state as state_store
 from app.store import settings as settings_store
 from app.store import ticks as tick_store
-from app.store.settings import StoredSettings
 from app.store.models import Decision
 from app.store.overrides import active_overrides
+from app.store.settings import StoredSettings
 from app.workers.gather import Gathered
 
 # The worker's logger, whichever of its modules logs (loop.py says why).
@@ -178,17 +177,15 @@ class TickMixin:
         if stored.revision == self.settings_revision:
             return
         name = self.config.name
-        try:
-            config = apply_overrides(self.file_config, stored.overrides)
-        except InvalidInputError as exc:
+        config, error = running_config(self.file_config, stored.overrides)
+        if error is not None:
             log.warning(
                 "[%s] live settings of revision %d not applied, the deployments file's run: %s",
                 name,
                 stored.revision,
-                exc,
+                error,
                 extra={"deployment": name},
             )
-            config = self.file_config
         self.config = config
         self.planner.reconfigure(planner_settings(config, self.planner.model))
         self.settings_revision = stored.revision

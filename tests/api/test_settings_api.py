@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.api.helpers import OPER, TOKENS, VIEWER, assert_problem, bearer, complete, diagnostics, pin, tick
+from tests.support import demo_config
 
 pytestmark = pytest.mark.anyio
 
@@ -92,7 +93,9 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(("body", "if_match", "status", "field"), [c[1:] for c in BAD], ids=[c[0] for c in BAD])
+@pytest.mark.parametrize(
+    ("body", "if_match", "status", "field"), [c[1:] for c in BAD], ids=[c[0] for c in BAD]
+)
 async def test_a_bad_change_is_refused_and_changes_nothing(make_api, body, if_match, status, field):
     api = await make_api()
     assert (await patch(api, {"sla": {"itl_ms": 40}}, '"0"')).status_code == 200
@@ -112,4 +115,23 @@ async def test_only_an_operator_changes_settings_and_each_change_is_audited(make
     assert entry["actor_role"] == "operator" and entry["actor"].startswith("token:")
     assert entry["details"]["revision"] == 1
     assert entry["details"]["patch"] == {"sla": {"ttft_ms": 300}}
-    assert (entry["details"]["before"]["sla"]["ttft_ms"], entry["details"]["after"]["sla"]["ttft_ms"]) == (500, 300)
+    assert (entry["details"]["before"]["sla"]["ttft_ms"], entry["details"]["after"]["sla"]["ttft_ms"]) == (
+        500,
+        300,
+    )
+
+
+async def test_changes_the_file_no_longer_accepts_are_shown_and_not_run(make_api):
+    before = await make_api()
+    assert (await patch(before, {"prefill": {"min_replicas": 6}}, '"0"')).status_code == 200
+    # The deployments file changed since: its prefill maximum is now below the stored minimum.
+    api = await make_api(demo_config(prefill={"min_replicas": 1, "max_replicas": 4}))
+    shown = (await get_settings(api)).json()
+    assert shown["revision"] == 1 and shown["overrides"] == {"prefill": {"min_replicas": 6}}
+    assert shown["not_applied"] == "prefill.min_replicas: min_replicas (6) is above max_replicas (4)"
+    assert shown["settings"]["prefill"] == {"min_replicas": 1, "max_replicas": 4}
+    await tick(api)
+    assert (await diagnostics(api))[-1]["record"]["bounds"]["prefill"] == {"min": 1, "max": 4}
+    # Returning the field to the file's value repairs it.
+    repaired = await patch(api, {"prefill": {"min_replicas": None}}, '"1"')
+    assert repaired.status_code == 200 and repaired.json()["not_applied"] is None

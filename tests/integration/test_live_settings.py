@@ -29,7 +29,8 @@ def ticks(client: httpx.Client) -> list[dict[str, Any]]:
 def ticked_under(client: httpx.Client, revision: int, max_prefill: int) -> bool:
     """Whether a tick ran under this revision of the settings, with its prefill maximum."""
     return any(
-        t["record"]["settings_revision"] == revision and t["record"]["bounds"]["prefill"]["max"] == max_prefill
+        t["record"]["settings_revision"] == revision
+        and t["record"]["bounds"]["prefill"]["max"] == max_prefill
         for t in ticks(client)
     )
 

@@ -36,7 +36,9 @@ class Merge:
 
 
 MERGES = [
-    Merge("a first change", {}, {"sla": {"ttft_ms": 400}}, {"sla": {"ttft_ms": 400}}, "a value sets the field"),
+    Merge(
+        "a first change", {}, {"sla": {"ttft_ms": 400}}, {"sla": {"ttft_ms": 400}}, "a value sets the field"
+    ),
     Merge(
         "a second change keeps the first",
         {"sla": {"ttft_ms": 400}},
@@ -79,7 +81,11 @@ REFUSED = [
     Refused("not an object", [1], "body", "a JSON object", "a merge patch of a list means nothing here"),
     Refused("empty", {}, "body", "nothing to change", "an empty change would only bump the revision"),
     Refused(
-        "unknown field", {"sla": {"ttft": 400}}, "body.sla.ttft", "not a setting that changes live", "typos are errors"
+        "unknown field",
+        {"sla": {"ttft": 400}},
+        "body.sla.ttft",
+        "not a setting that changes live",
+        "typos are errors",
     ),
     Refused(
         "not live",
@@ -99,7 +105,11 @@ REFUSED = [
         "a section as a value", {"sla": 3}, "body.sla", "an object of the fields to change", "sections merge"
     ),
     Refused(
-        "out of range", {"sla": {"ttft_ms": 0}}, "body.sla.ttft_ms", "greater than 0", "as the file would refuse it"
+        "out of range",
+        {"sla": {"ttft_ms": 0}},
+        "body.sla.ttft_ms",
+        "greater than 0",
+        "as the file would refuse it",
     ),
     Refused(
         "min above max",

@@ -514,6 +514,7 @@ def test_on_tick_diagnostics_record() -> None:
         "traffic": None,
         "expired_decision_id": None,
         "fleet": None,
+        "settings_revision": None,  # the worker sets it; the core does not know the store
         "verdict": None,
         "decision_id": None,
     }

@@ -6,7 +6,6 @@ is a JSON merge patch of the fields that may change live (app/config/live.py).""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Path, Response
@@ -17,7 +16,7 @@ from app.api.deps import DeploymentsDep, NowDep, SessionDep, deployment_or_raise
 from app.api.errors import problem_responses
 from app.api.schemas import SettingsOut
 from app.config import DeploymentConfig
-from app.config.live import apply_overrides, live_values, sources_of
+from app.config.live import live_values, running_config, sources_of
 from app.core.errors import InvalidInputError, PreconditionRequiredError
 from app.store import settings as store
 
@@ -29,11 +28,13 @@ _PATCH_EXAMPLE = {"sla": {"ttft_ms": 400}, "prefill": {"max_replicas": 12}, "sca
 
 def _out(session: Session, config: DeploymentConfig, response: Response) -> SettingsOut:
     stored = store.load(session, config.name)
+    running, error = running_config(config, stored.overrides)
     response.headers["ETag"] = f'"{stored.revision}"'
     return SettingsOut(
         deployment=config.name,
         revision=stored.revision,
-        settings=live_values(apply_overrides(config, stored.overrides)),
+        settings=live_values(running),
+        not_applied=error,
         sources=sources_of(config, stored.overrides),  # type: ignore[arg-type]
         overrides=stored.overrides,
         updated_at=stored.updated_at,
@@ -91,8 +92,9 @@ def change_settings(
         Body(
             description="A JSON merge patch of the live settings: a value sets the field, null returns it "
             "to the deployments file's value. Live: sla.{ttft_ms,itl_ms,attainment_target}, "
-            "<role>.{min_replicas,max_replicas}, gpu_budget, scaling.{sizing,trend,startup_estimate_s,"
-            "scale_down_window_s,forecast_cap}, scaling.scale_to_zero.{enabled,quiet_s,respect_return_forecast}",
+            "<role>.{min_replicas,max_replicas}, gpu_budget, scaling.{sizing,trend,"
+            "startup_estimate_s,scale_down_window_s,forecast_cap}, "
+            "scaling.scale_to_zero.{enabled,quiet_s,respect_return_forecast}",
             examples=[_PATCH_EXAMPLE],
             media_type="application/merge-patch+json",
         ),

@@ -17,6 +17,7 @@ from app.core.perf.interpolation import PerfModel
 from app.core.sla.capacity import LengthMix, prefill_engines
 from app.core.sla.latency import prefill_rows
 from app.core.sla.settings import SlaSettings
+from app.core.sla.shortfall import record_shortfall, wait_bound_s
 from app.core.sla.state import DecodeFloorSums, Order, PrefillPasses, SlaState
 from app.core.sla.types import EngineKey, SlaInput
 from app.core.types import Role
@@ -87,16 +88,27 @@ def update_lead(state: SlaState, inp: SlaInput, settings: SlaSettings) -> float:
     (EWMA), which is how far ahead the forecast looks. An order still open is a censored
     measurement: the lead is at least its age. Without that, a world slower than the estimate
     goes on being read at the estimate until its first order completes (a 300 s start-up read as
-    120 s for five minutes, every order in them sized for the wrong horizon)."""
+    120 s for five minutes, every order in them sized for the wrong horizon). An order open
+    longer than the wait bound is a shortfall of capacity, not a lead (shortfall.py): it is
+    closed as one, and no order's age counts beyond the bound."""
+    measured_s = state.lead_s if state.lead_s is not None else settings.startup_estimate_s
+    bound_s = wait_bound_s(measured_s)
+    shortfalls = dict(state.shortfalls or {})
     for role, (ordered_s, count) in list(state.orders.items()):
+        ready = inp.ready.get(role, 0)
         if inp.expected.get(role, count) < count:
             del state.orders[role]  # cancelled by a later scale-down: nothing measured
-        elif inp.ready.get(role, 0) >= count:
+        elif ready >= count:
             latency = inp.now_s - ordered_s
             state.lead_s = latency if state.lead_s is None else 0.7 * state.lead_s + 0.3 * latency
             del state.orders[role]
+            shortfalls.pop(role, None)  # the cluster delivered what was asked
+        elif inp.now_s - ordered_s > bound_s:
+            shortfalls[role] = record_shortfall(shortfalls.get(role), inp.now_s, ready, count, bound_s)
+            del state.orders[role]
+    state.shortfalls = shortfalls or None
     lead_s = state.lead_s if state.lead_s is not None else settings.startup_estimate_s
-    return max([lead_s, *(inp.now_s - order.ordered_s for order in state.orders.values())])
+    return max([lead_s, *(min(inp.now_s - order.ordered_s, bound_s) for order in state.orders.values())])
 
 
 # Records one tick learns from, at most: a second's worth of a busy engine's iterations is enough

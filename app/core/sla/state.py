@@ -15,6 +15,7 @@ from app.core.perf.fpm import ForwardPassMetrics
 from app.core.sla.forecast import LevelPoint
 from app.core.sla.latency import LatencyModels
 from app.core.sla.quiet import QuietState
+from app.core.sla.shortfall import Shortfall
 from app.core.sla.types import EngineKey, TrafficSample
 from app.core.types import Role
 
@@ -109,6 +110,9 @@ class SlaState:
     # until then), and whether the deployment is at zero now (step.py).
     active_s: float | None = None
     asleep: bool = False
+    # Orders whose engines did not come within the bound, per role (shortfall.py; learners.py's
+    # `update_lead` records them, step.py caps and ends them). None: none.
+    shortfalls: dict[Role, Shortfall] | None = None
 
     def copy(self) -> SlaState:
         """An independent copy for one tick to change. The elements (samples, tuples, records,
@@ -134,4 +138,5 @@ class SlaState:
             lengths=self.lengths,
             active_s=self.active_s,
             asleep=self.asleep,
+            shortfalls=dict(self.shortfalls) if self.shortfalls else None,
         )

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from app.core.perf.interpolation import PerfModel
-from app.core.sla import quiet
+from app.core.sla import quiet, shortfall
 from app.core.sla.capacity import (
     LengthMix,
     peak_concurrency,
@@ -254,13 +254,23 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
             else:
                 target[role], reasons[role] = current, SlaReason.HOLD
                 role_diag[role]["hold"] = f"highest wish of the window is {stable}"
+        ready = inp.ready.get(role, 0)
+        if state.shortfalls and role in state.shortfalls and want <= ready:
+            del state.shortfalls[role]  # what runs is enough: nothing is missing any more
+        cap = shortfall.capped(target[role], ready, (state.shortfalls or {}).get(role), now)
+        if cap is not None:
+            target[role], reasons[role] = cap, SlaReason.CAPACITY_UNAVAILABLE
         role_diag[role]["reason"] = str(reasons[role])
         notes.append(f"{role} {current}->{target[role]} ({reasons[role]}, wish {want})")
         if target[role] > current:
             open_order(state, role, now, target[role], inp.ready.get(role, 0))
+    state.shortfalls = state.shortfalls or None
+    if state.shortfalls:
+        diagnostics["capacity_unavailable"] = shortfall.summary(state.shortfalls, now)
     order = (
         SlaReason.WAKE_UP,
         SlaReason.SCALED_TO_ZERO,
+        SlaReason.CAPACITY_UNAVAILABLE,
         SlaReason.SCALE_UP,
         SlaReason.SCALE_DOWN,
         SlaReason.HOLD,

@@ -23,6 +23,8 @@ class SlaReason(StrEnum):
     NO_CHANGE = "no_change"
     SCALED_TO_ZERO = "scaled_to_zero"  # quiet for scale_to_zero.quiet_s: every engine goes
     WAKE_UP = "wake_up"  # a request while at zero: one engine of each role at once
+    # An order's engines did not come within the bound: capped at what is ready until the retry.
+    CAPACITY_UNAVAILABLE = "capacity_unavailable"
 
 
 @dataclass(frozen=True)
