@@ -107,6 +107,8 @@
       lead: num(sla && sla.lead_s),
       leadMeasured: !!(sla && sla.lead_measured),
       reason: (sla && sla.reason) || (load && load.reason) || (tp && tp.reason) || null,
+      // Per role, an order whose engines did not come within the wait bound (docs/scaling.md).
+      unavailable: (sla && sla.capacity_unavailable) || null,
       sla: !!sla,
     };
     const fleetRoles = (r.fleet && r.fleet.roles) || {};
@@ -204,6 +206,7 @@
         ...(info.fleet ? [["fleet grant", fleetText(info.fleet)]] : []),
         ["ticks shown", String(ticks.length)],
         ["last tick", last ? `${last.t} (${last.reason || "no reason"})` : "none yet"],
+        ...(last && last.unavailable ? [["capacity unavailable", unavailableText(last.unavailable)]] : []),
       ];
       this.facts.innerHTML = "";
       for (const [k, v] of facts) {
@@ -334,6 +337,13 @@
         });
       }
     }
+  }
+
+  // The roles whose last order did not become ready within the wait bound.
+  function unavailableText(byRole) {
+    return Object.entries(byRole)
+      .map(([role, u]) => `${role}: ${u.ready} of ${u.asked} came, asks again in ${Math.round(u.retry_in_s)} s`)
+      .join("; ");
   }
 
   // --- the fleet ---------------------------------------------------------------------------------
