@@ -226,6 +226,7 @@ class KubeStandIn:
         self._objects: dict[tuple[str, str, str, str], dict[str, Any]] = {}
         self._forbidden: set[tuple[str, str]] = set()
         self._failures: list[tuple[int, str | None]] = []
+        self._read_failures: list[int] = []
         self._holds: list[Hold] = []
         self._revision = 1000
         self._lock = threading.RLock()
@@ -323,6 +324,12 @@ class KubeStandIn:
         """Answer the next `count` PATCH requests (of `resource`, if given) with this error."""
         with self._lock:
             self._failures.extend([(code, resource)] * count)
+
+    def fail_next_reads(self, count: int, *, code: int = 500) -> None:
+        """Answer the next `count` GET requests of an object with this error (an API server
+        overloaded or restarting)."""
+        with self._lock:
+            self._read_failures.extend([code] * count)
 
     def hold_next_request(
         self, timeout_s: float = 10.0, *, match: Callable[[RecordedRequest], bool] | None = None
@@ -431,6 +438,9 @@ class KubeStandIn:
                     {"name": name, "group": group, "kind": plural},
                 )
             if method == "GET":
+                if self._read_failures:
+                    code = self._read_failures.pop(0)
+                    raise ApiError(code, HTTPStatus(code).phrase.replace(" ", ""), f"injected failure {code}")
                 return self._scale_of(rtype, obj) if sub else copy.deepcopy(obj)
             self._injected_failure(resource, plural, group, name)
             if sub:

@@ -403,6 +403,8 @@ class TickDiagnostics(Record):
     fleet: dict[str, Any] | None = None
     # The revision of the live settings the tick decided under (0: the deployments file's).
     settings_revision: int | None = None
+    # The signals the tick assessed (read or not) and those unavailable (app/workers/signals.py).
+    signals: dict[str, Any] | None = None
     verdict: Text = None
     decision_id: int | None = None
 

@@ -45,6 +45,7 @@ from app.core.seed.load_models import LoadModels
 from app.core.seed.load_types import LoadInput, LoadSettings, PendingTarget
 from app.core.seed.predictors import TrafficPredictor
 from app.core.seed.throughput import ThroughputInput, ThroughputReason, ThroughputSettings, throughput_step
+from app.core.signals import hold_on_missing
 from app.core.sla.settings import SlaSettings
 from app.core.sla.state import SlaState
 from app.core.sla.step import sla_step
@@ -113,6 +114,8 @@ class TickInput:
     # Ready engines per role from an inventory (the connector's report, the last acknowledged
     # decision, the embedder); None: no inventory says, the engines reporting FPM count.
     ready: Mapping[Role, int] | None = None
+    # The signals missing for several ticks in a row (app/workers/signals.py): no count is lowered.
+    unavailable_signals: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -276,6 +279,11 @@ class Planner:
             if due.load and settings.load is not None and state.load_models is not None:
                 proposal, load_diag = self._load(inp, state, ready, in_force)
                 source = DecisionSource.LOAD
+        # What runs as far as the planner knows (the decision in force, else the ready engines):
+        # while a signal is missing, no role goes below it.
+        running = dict(inp.latest_decision.replicas) if in_force and inp.latest_decision else None
+        running = running or (ready if inventory_known else None)
+        proposal = hold_on_missing(proposal, inp.unavailable_signals, running)
         bounds = effective_bounds(settings.bounds, inp.overrides)
         stages, source = normalise(
             proposal,

@@ -263,6 +263,20 @@ class PlannerMetrics:
             ["deployment", "role"],
             registry=r,
         )
+        # The signals a worker reads (app/workers/signals.py): 1 while one has been missing for
+        # three ticks in a row, and how often one became so.
+        self.signal_unavailable = Gauge(
+            "dynamo_planner_signal_unavailable",
+            "1 while the signal has been missing for three ticks in a row (no count is lowered meanwhile)",
+            ["deployment", "signal"],
+            registry=r,
+        )
+        self.degraded_signals = Counter(
+            "dynamo_planner_degraded_signals_total",
+            "Times a signal became unavailable (three ticks in a row without it)",
+            ["deployment", "signal"],
+            registry=r,
+        )
         # The fleet step (app/workers/fleet.py), exported by the process that runs it (holds the
         # fleet lease); the others export nothing for it, as standby workers do for their ticks.
         self.fleet_budget_gpus = Gauge(
@@ -446,6 +460,16 @@ class PlannerMetrics:
                 self.sla_wish.labels(deployment, role).set(wish)
             unavailable = role in (record.capacity_unavailable or {})
             self.capacity_unavailable.labels(deployment, role).set(1 if unavailable else 0)
+
+    def observe_signals(
+        self, deployment: str, read: Mapping[str, bool], became: set[str], unavailable: set[str]
+    ) -> None:
+        """After a tick's reads: every signal it assessed has its series; those unavailable are 1."""
+        for signal in read:
+            self.signal_unavailable.labels(deployment, signal).set(1 if signal in unavailable else 0)
+            self.degraded_signals.labels(deployment, signal)
+        for signal in became:
+            self.degraded_signals.labels(deployment, signal).inc()
 
     def observe_lease(
         self, deployment: str, *, was_leader: bool, is_leader: bool, expires_at: datetime | None

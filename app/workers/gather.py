@@ -47,6 +47,8 @@ class Gathered:
     fpm_complete: dict[Role, bool] = field(default_factory=dict)
     ready: dict[Role, int] | None = None
     fpm_sources: dict[str, Any] | None = None
+    # Per signal this tick assessed, whether it was read (signals.py counts the misses).
+    signals: dict[str, bool] = field(default_factory=dict)
 
     def traffic_json(self) -> dict[str, Any]:
         observed = None
@@ -70,6 +72,8 @@ class GatherMixin:
     connector: Connector | None
     fpm: dict[Role, FpmSubscriber]
     source_error: str | None
+    # The connector's last inventory read failure (None: it answered).
+    inventory_error: str | None = None
     _overflow: dict[Role, int]
     _sf: sessionmaker[Session]
 
@@ -90,9 +94,11 @@ class GatherMixin:
         """Ready engines per role: the connector's report, else the last acknowledged decision's
         observed replicas; None when neither is known."""
         if self.connector is not None:
+            self.inventory_error = None
             try:
                 return await self.connector.ready_counts()  # type: ignore[return-value]
             except ConnectorError as exc:
+                self.inventory_error = str(exc)
                 log.warning(
                     "[%s] ready counts unavailable: %s",
                     self.config.name,
@@ -138,7 +144,31 @@ class GatherMixin:
                 fpm[role] = snapshot.records()
                 sources[role] = fpm_as_json(snapshot)
         ready = await self._ready_counts() if needs.fpm or needs.traffic_window_s is not None else None
-        return Gathered(traffic, error, fpm, fpm_new, complete, ready, sources)
+        signals = self._signals_read(needs.traffic_window_s is not None, traffic, error, fpm_new)
+        return Gathered(traffic, error, fpm, fpm_new, complete, ready, sources, signals)
+
+    def _signals_read(
+        self,
+        traffic_asked: bool,
+        traffic: TrafficObservation | None,
+        traffic_error: str | None,
+        fpm_new: dict[Role, list[ForwardPassMetrics]],
+    ) -> dict[str, bool]:
+        """Which of the signals this tick asked for were read. The traffic: the source answered.
+        A role's forward passes: assessed only when the frontend served requests in the window
+        (engines serving them publish one per iteration; an idle engine may publish nothing).
+        The inventory: the connector answered, whatever it said (a DGD not Ready is an answer; a
+        virtual connector's inventory is the store's)."""
+        read: dict[str, bool] = {}
+        if traffic_asked and self.source is not None:
+            read["traffic"] = traffic_error is None
+        served = traffic is not None and (traffic.num_req or 0) > 0
+        for role in self.fpm:
+            if served and role in fpm_new:
+                read[f"fpm_{role}"] = bool(fpm_new[role])
+        if self.connector is not None and traffic_asked:
+            read["inventory"] = self.inventory_error is None
+        return read
 
     async def _stand_by(self) -> None:
         """At every lease check that another process wins: start what the first tick after a takeover

@@ -40,6 +40,7 @@ from app.workers.actuate import ActuateMixin
 from app.workers.clock import Clock
 from app.workers.gather import GatherMixin
 from app.workers.lease import stop_leased
+from app.workers.signals import SignalHealth
 from app.workers.tick import TickMixin, TickReport
 
 # The worker's lines go to this one logger from every module of it (gather, tick, actuate name it
@@ -84,6 +85,8 @@ class DeploymentWorker(GatherMixin, TickMixin, ActuateMixin):
         # (tick.py follows their revision, 0 while nothing was changed).
         self.file_config = config
         self.settings_revision = 0
+        # Consecutive ticks without each signal, and those unavailable now (signals.py).
+        self.signal_health = SignalHealth()
         # Under a fleet budget: every tick applies the grant the fleet step stored (app/workers/fleet.py).
         self.in_fleet = in_fleet
         self.planner = planner or Planner(

@@ -35,6 +35,7 @@ from app.store.models import Decision
 from app.store.overrides import active_overrides
 from app.store.settings import StoredSettings
 from app.workers.gather import Gathered
+from app.workers.signals import SignalHealth
 
 # The worker's logger, whichever of its modules logs (loop.py says why).
 log = logging.getLogger("app.workers.loop")
@@ -54,6 +55,7 @@ class TickMixin:
     config: DeploymentConfig  # as it runs: the file's values with the live settings applied
     file_config: DeploymentConfig
     settings_revision: int
+    signal_health: SignalHealth
     planner: Planner
     in_fleet: bool
     _sf: sessionmaker[Session]
@@ -82,6 +84,7 @@ class TickMixin:
             grant = fleet_store.stored_grant(session, name) if self.in_fleet else None
             # The grant binds as per-role maximum bounds, exactly as `planner replay` applies it.
             overrides = with_grant(overrides, grant, self.planner.settings.bounds)
+            unavailable = self._follow_signals(gathered.signals)
             effects = self.planner.on_tick(
                 TickInput(
                     now_s=now.timestamp(),
@@ -93,6 +96,7 @@ class TickMixin:
                     fpm_new=gathered.fpm_new,
                     fpm_complete=gathered.fpm_complete,
                     ready=gathered.ready,
+                    unavailable_signals=unavailable,
                 )
             )
             stages = [st.as_dict() for st in effects.stages]
@@ -115,6 +119,7 @@ class TickMixin:
                     "traffic": gathered.traffic_json() if self.planner.settings.sla else None,
                     "expired_decision_id": expired.decision_id if expired else None,
                     "settings_revision": self.settings_revision,
+                    "signals": {"read": gathered.signals, "unavailable": sorted(unavailable)},
                 }
             )
             tick = tick_store.add_tick(session, deployment=name, at=now, record=record.as_json())
@@ -196,6 +201,24 @@ class TickMixin:
             stored.overrides or "the deployments file's",
             extra={"deployment": name},
         )
+
+    def _follow_signals(self, read: dict[str, bool]) -> frozenset[str]:
+        """Count this tick's reads (signals.py); export and log what changed; the signals
+        unavailable now."""
+        name = self.config.name
+        became, recovered = self.signal_health.observe(read)
+        for signal in sorted(became):
+            log.warning(
+                "[%s] signal %s unavailable (%d ticks without it): no count is lowered until it returns",
+                name,
+                signal,
+                self.signal_health.misses[signal],
+                extra={"deployment": name},
+            )
+        for signal in sorted(recovered):
+            log.info("[%s] signal %s is back", name, signal, extra={"deployment": name})
+        self._metrics.observe_signals(name, read, became, self.signal_health.unavailable)
+        return frozenset(self.signal_health.unavailable)
 
     def _export(self, effects: Effects) -> bytes | None:
         """The state this tick would commit, or None (and one warning) where it cannot be saved:

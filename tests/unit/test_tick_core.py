@@ -515,6 +515,7 @@ def test_on_tick_diagnostics_record() -> None:
         "expired_decision_id": None,
         "fleet": None,
         "settings_revision": None,  # the worker sets it; the core does not know the store
+        "signals": None,  # the worker's account of what it read
         "verdict": None,
         "decision_id": None,
     }

@@ -66,6 +66,8 @@ def readyz(request: Request) -> JSONResponse:
             reasons.append("worker loop is not running")
         if worker.last_error:
             reasons.append(f"last tick failed: {worker.last_error}")
+        if worker.signal_health.unavailable:
+            reasons.append(f"signals unavailable: {', '.join(sorted(worker.signal_health.unavailable))}")
         if listener is not None and not listener.connected.is_set():
             reasons.append(f"decision listener is not connected ({listener.last_error or 'connecting'})")
         # Every deployment of the fleet ticks within the grants the fleet loop stores.
