@@ -101,18 +101,22 @@ def token_file(tmp_path: Path) -> Path:
     return path
 
 
+def connector_settings(standin: KubeStandIn, token_file: Path) -> dict[str, Any]:
+    """The deployments file's `connector:` for the DGD on the stand-in."""
+    return {
+        "type": "kubernetes",
+        "dgd_name": NAME,
+        "namespace": NS,
+        "api_server": standin.url,
+        "token_file": str(token_file),
+    }
+
+
 @pytest.fixture
 def make_connector(standin: KubeStandIn, token_file: Path) -> Callable[..., KubernetesConnector]:
     def make(roles: tuple[Role, ...] = DISAGG, **overrides: Any) -> KubernetesConnector:
         config = KubernetesConnectorConfig.model_validate(
-            {
-                "type": "kubernetes",
-                "dgd_name": NAME,
-                "namespace": NS,
-                "api_server": standin.url,
-                "token_file": str(token_file),
-                **overrides,
-            }
+            {**connector_settings(standin, token_file), **overrides}
         )
         return KubernetesConnector(config, roles=roles)
 

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_kubernetes_connector import NAME, NS, TOKEN, dgd_object, ready_condition
+from tests.integration.test_kubernetes_connector import (
+    NAME,
+    NS,
+    TOKEN,
+    connector_settings,
+    dgd_object,
+    ready_condition,
+)
 from tests.k8s_standin import DGD, KubeStandIn
 from tests.support import demo_config
 
@@ -36,14 +43,7 @@ async def test_pins_reach_the_dgd_and_wait_for_readiness(make_api, tmp_path: Pat
     token_file.write_text(TOKEN)
     with KubeStandIn(token=TOKEN) as standin:
         standin.put(DGD.plural, NS, dgd_object())
-        connector = {
-            "type": "kubernetes",
-            "dgd_name": NAME,
-            "namespace": NS,
-            "api_server": standin.url,
-            "token_file": str(token_file),
-        }
-        api = await make_api(demo_config(connector=connector))
+        api = await make_api(demo_config(connector=connector_settings(standin, token_file)))
         worker = api.app.state.workers["demo"]
         await worker.wait_until_ready()
         assert worker.startup_problems == []

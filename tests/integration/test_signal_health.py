@@ -19,7 +19,7 @@ from app.sim.world.frontend import FrontendCounters
 from app.sources.frontend_scrape import FrontendScrapeSource
 from app.workers.signals import SIGNAL_MISSES
 from tests.integration.test_fpm_zmq import spawn  # noqa: F401  (fixture)
-from tests.integration.test_kubernetes_connector import NAME, NS, TOKEN, dgd_object
+from tests.integration.test_kubernetes_connector import NS, TOKEN, connector_settings, dgd_object
 from tests.k8s_standin import DGD, KubeStandIn
 from tests.support import REPO_ROOT, demo_config
 from tests.support_frontend import Canned, StandInServer
@@ -126,13 +126,7 @@ async def test_the_kubernetes_api_failing_holds_the_counts_and_recovers(make_api
     token_file.write_text(TOKEN)
     with KubeStandIn(token=TOKEN) as standin:
         standin.put(DGD.plural, NS, dgd_object())
-        connector = {
-            "type": "kubernetes",
-            "dgd_name": NAME,
-            "namespace": NS,
-            "api_server": standin.url,
-            "token_file": str(token_file),
-        }
+        connector = connector_settings(standin, token_file)
         # The seed's throughput step, ticking every 5 s (no traffic source: it proposes nothing).
         api = await make_api(demo_config(connector=connector, throughput={"interval_s": TICK_S}))
         worker = api.app.state.workers["demo"]
