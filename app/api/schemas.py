@@ -78,6 +78,11 @@ class CompleteIn(_In):
     message: Text | None = Field(default=None, max_length=4000)
 
 
+class ProgressIn(_In):
+    observed: Observed
+    message: Text | None = Field(default=None, max_length=4000)
+
+
 class _OverrideIn(_In):
     deployment: Text = Field(min_length=1, max_length=63)
     reason: Text = Field(min_length=1, max_length=2000)

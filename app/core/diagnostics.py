@@ -405,6 +405,8 @@ class TickDiagnostics(Record):
     settings_revision: int | None = None
     # The signals the tick assessed (read or not) and those unavailable (app/workers/signals.py).
     signals: dict[str, Any] | None = None
+    # Where the ready counts came from: the connector, or the orchestrator's freshest report.
+    ready_source: Text = None
     verdict: Text = None
     decision_id: int | None = None
 

@@ -265,6 +265,10 @@ def expire_overdue(
     return latest
 
 
+# A report of what runs while a decision is applied, kept with the acknowledgements.
+PROGRESS = "progress"
+
+
 @dataclass(frozen=True)
 class CompletionResult:
     decision: Decision
@@ -336,6 +340,76 @@ def complete_decision_or_raise(session: Session, **kwargs) -> Decision:  # type:
             raise ConflictingFieldError(result.field, result.detail)
         raise ConflictError(result.detail)
     return result.decision
+
+
+def report_observed(
+    session: Session,
+    *,
+    deployment: str,
+    decision_id: int,
+    observed: dict[str, int],
+    message: str | None,
+    actor_role: str,
+    now: datetime,
+) -> Decision:
+    """Record what an orchestrator sees running while it applies `decision_id` (engines that
+    became ready or left since the order): kept beside the acknowledgements, status `progress`,
+    and the decision itself unchanged, whatever its status."""
+    decision = get_decision_or_raise(session, deployment, decision_id)
+    session.execute(
+        insert(DecisionAck).values(
+            decision_pk=decision.pk,
+            received_at=now,
+            status=PROGRESS,
+            observed=observed,
+            message=message,
+            actor_role=actor_role,
+            outcome=PROGRESS,
+        )
+    )
+    return decision
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The freshest report of what runs: its counts and where they come from."""
+
+    replicas: dict[str, int]
+    source: str
+
+
+def freshest_observed(session: Session, deployment: str) -> Observed | None:
+    """What runs, by the newest report an orchestrator sent: observed counts on any
+    acknowledgement (also of a superseded or expired decision, which the store keeps though it
+    conflicts) or progress report, or a decision acknowledged as succeeded without counts (its
+    replicas). None before any."""
+    rows = session.execute(
+        select(DecisionAck, Decision)
+        .join(Decision, DecisionAck.decision_pk == Decision.pk)
+        .where(Decision.deployment == deployment)
+        .order_by(DecisionAck.id.desc())
+        .limit(_RECENT_ACKS)
+    ).all()
+    for ack, decision in rows:
+        # JSON null and an empty mapping both say nothing about what runs.
+        succeeded = ack.status == str(DecisionStatus.SUCCEEDED) and ack.outcome == "applied"
+        if not ack.observed and not succeeded:
+            continue
+        kind = f"acknowledgement ({ack.status}, {ack.outcome})"
+        if ack.status == PROGRESS:
+            kind = "progress report"
+        replicas = dict(ack.observed) if ack.observed else replicas_of(decision)
+        return Observed(replicas, f"{kind} of decision {decision.decision_id}")
+    confirmed = last_acknowledged(session, deployment)
+    if confirmed is None:
+        return None
+    replicas = dict(confirmed.observed or replicas_of(confirmed))
+    return Observed(replicas, f"acknowledgement (succeeded) of decision {confirmed.decision_id}")
+
+
+# The acknowledgements read for the freshest counts: a failed acknowledgement without counts says
+# nothing, and a run of them this long is read past to the last succeeded decision.
+_RECENT_ACKS = 20
 
 
 def last_acknowledged(session: Session, deployment: str) -> Decision | None:

@@ -49,6 +49,7 @@ class Gathered:
     fpm_sources: dict[str, Any] | None = None
     # Per signal this tick assessed, whether it was read (signals.py counts the misses).
     signals: dict[str, bool] = field(default_factory=dict)
+    ready_source: str | None = None  # where `ready` comes from
 
     def traffic_json(self) -> dict[str, Any]:
         observed = None
@@ -74,6 +75,8 @@ class GatherMixin:
     source_error: str | None
     # The connector's last inventory read failure (None: it answered).
     inventory_error: str | None = None
+    # Where the last ready counts came from (the tick record's `ready_source`).
+    ready_source: str | None = None
     _overflow: dict[Role, int]
     _sf: sessionmaker[Session]
 
@@ -91,9 +94,11 @@ class GatherMixin:
         return observation, error
 
     async def _ready_counts(self) -> dict[Role, int] | None:
-        """Ready engines per role: the connector's report, else the last acknowledged decision's
-        observed replicas; None when neither is known."""
+        """Ready engines per role: the connector's report (the DGD's status), else the freshest
+        report of an orchestrator (observed counts on any acknowledgement or progress report,
+        also of a superseded decision); None when neither is known. `ready_source` says which."""
         if self.connector is not None:
+            self.ready_source = "connector"
             self.inventory_error = None
             try:
                 return await self.connector.ready_counts()  # type: ignore[return-value]
@@ -109,10 +114,9 @@ class GatherMixin:
 
         def read() -> dict[Role, int] | None:
             with self._sf() as session:
-                confirmed = decision_store.last_acknowledged(session, self.config.name)
-            if confirmed is None:
-                return None
-            return dict(confirmed.observed or decision_store.replicas_of(confirmed))  # type: ignore[arg-type]
+                observed = decision_store.freshest_observed(session, self.config.name)
+            self.ready_source = observed.source if observed else None
+            return dict(observed.replicas) if observed else None  # type: ignore[arg-type]
 
         return await asyncio.to_thread(read)
 
@@ -145,7 +149,7 @@ class GatherMixin:
                 sources[role] = fpm_as_json(snapshot)
         ready = await self._ready_counts() if needs.fpm or needs.traffic_window_s is not None else None
         signals = self._signals_read(needs.traffic_window_s is not None, traffic, error, fpm_new)
-        return Gathered(traffic, error, fpm, fpm_new, complete, ready, sources, signals)
+        return Gathered(traffic, error, fpm, fpm_new, complete, ready, sources, signals, self.ready_source)
 
     def _signals_read(
         self,

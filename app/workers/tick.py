@@ -120,6 +120,7 @@ class TickMixin:
                     "expired_decision_id": expired.decision_id if expired else None,
                     "settings_revision": self.settings_revision,
                     "signals": {"read": gathered.signals, "unavailable": sorted(unavailable)},
+                    "ready_source": gathered.ready_source,
                 }
             )
             tick = tick_store.add_tick(session, deployment=name, at=now, record=record.as_json())

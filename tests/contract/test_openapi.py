@@ -23,6 +23,7 @@ EXPECTED_OPERATION_IDS = {
     "wait_for_decision",
     "get_decision",
     "complete_decision",
+    "report_progress",
     "list_diagnostics",
     "diagnostics_report",
     "create_override",

@@ -516,6 +516,7 @@ def test_on_tick_diagnostics_record() -> None:
         "fleet": None,
         "settings_revision": None,  # the worker sets it; the core does not know the store
         "signals": None,  # the worker's account of what it read
+        "ready_source": None,
         "verdict": None,
         "decision_id": None,
     }

@@ -20,7 +20,7 @@ from app.api.deps import (
 )
 from app.api.disconnect import ClientGone, unless_client_leaves
 from app.api.errors import problem_responses
-from app.api.schemas import MAX_ID, CompleteIn, DecisionOut, DecisionPage
+from app.api.schemas import MAX_ID, CompleteIn, DecisionOut, DecisionPage, ProgressIn
 from app.core.errors import InvalidInputError
 from app.core.types import DecisionStatus
 from app.store import decisions as store
@@ -188,4 +188,45 @@ def complete_decision(
     metrics.pending.labels(config.name).set(1 if latest and latest.status == DecisionStatus.PENDING else 0)
     for role, count in (decision.observed or {}).items():
         metrics.ready[role].labels(config.name).set(count)
+    return decision_out(decision)
+
+
+@router.post(
+    "/{id}/progress",
+    name="report_progress",
+    response_model=DecisionOut,
+    responses={**_ERRORS, **problem_responses(400, 413)},
+)
+def report_progress(
+    request: Request,
+    session: SessionDep,
+    deployments: DeploymentsDep,
+    now: NowDep,
+    actor: Orchestrator,
+    id: DecisionId,
+    body: Annotated[ProgressIn, Body()],
+    deployment: DeploymentQuery = None,
+) -> DecisionOut:
+    """What runs while the decision is applied (engines that became ready or left since the
+    order), as often as it changes: the planner's next tick counts these engines. The decision
+    is unchanged, whatever its status; the acknowledgement still ends it."""
+    config = deployment_for_decision(deployments, deployment)
+    observed = body.observed.model_dump(exclude_none=True)
+    if not observed:
+        raise InvalidInputError("body.observed", "the engines of at least one role")
+    for role in observed:
+        if role not in config.roles:
+            raise InvalidInputError(f"body.observed.{role}", f"a {config.mode} deployment has no {role} role")
+    decision = store.report_observed(
+        session,
+        deployment=config.name,
+        decision_id=id,
+        observed=observed,
+        message=body.message,
+        actor_role=actor.role,
+        now=now,
+    )
+    session.commit()
+    for role, count in observed.items():
+        request.app.state.metrics.ready[role].labels(config.name).set(count)
     return decision_out(decision)

@@ -25,7 +25,7 @@ router = APIRouter(prefix="/deployments", tags=["deployments"])
 def _summary(request: Request, session: Session, config: DeploymentConfig, now: datetime) -> DeploymentOut:
     config = settings_store.effective(session, config)  # the live settings as the worker runs them
     latest = decision_store.latest_decision(session, config.name)
-    confirmed = decision_store.last_acknowledged(session, config.name)
+    observed = decision_store.freshest_observed(session, config.name)
     active = override_store.list_overrides(session, deployment=config.name, include_inactive=False, now=now)
     worker = request.app.state.workers[config.name]
     deployments = request.app.state.deployments
@@ -42,7 +42,7 @@ def _summary(request: Request, session: Session, config: DeploymentConfig, now: 
             )
             for role in config.roles
         },
-        ready=(confirmed.observed or decision_store.replicas_of(confirmed)) if confirmed else None,
+        ready=observed.replicas if observed else None,
         desired=decision_store.replicas_of(latest) if latest else None,
         last_decision=decision_out(latest) if latest else None,
         active_overrides=[override_out(o, now) for o in active],

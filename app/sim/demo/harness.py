@@ -103,6 +103,8 @@ class Demo:
             "billed": dict(snap.billed) if snap else {},
             "targets": dict(snap.targets) if snap else {},
             "last_acked": {"id": last_acked.id, "replicas": last_acked.targets} if last_acked else None,
+            # Every report of the engines ready the orchestrator sent: [simulated s, per role].
+            "ready_reports": [[t, r] for t, r in orchestrator.ready_log] if orchestrator else [],
             "in_flight": (
                 {
                     "id": in_flight.id,

@@ -1,6 +1,7 @@
 """The virtual connector's other side in the demo, over HTTP: long-poll `GET /decisions/wait`,
-order the engines (`ClusterControl`: the simulator thread of app/sim/demo/realtime.py), wait
-until they are up, `POST /decisions/{id}/complete`.
+order the engines (`ClusterControl`: the simulator thread of app/sim/demo/realtime.py), report
+what runs as it changes (`POST /decisions/{id}/progress`), and once the engines are up,
+`POST /decisions/{id}/complete`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ class OrchestratorState:
     acks: int = 0
     last_acked: AppliedDecision | None = None
     errors: int = 0
+    # The engines last reported ready (progress or acknowledgement), and every report: (simulated
+    # seconds, ready engines per role).
+    reported: dict[str, int] = field(default_factory=dict)
+    ready_log: list[tuple[float, dict[str, int]]] = field(default_factory=list)
 
     @property
     def latest(self) -> AppliedDecision | None:
@@ -158,9 +163,33 @@ class Orchestrator:
         while not self._reached(applied):
             if next_decision.done():
                 return next_decision.result()
+            await self._report_progress(client, applied)
             await asyncio.sleep(self.poll_s)
         await self._acknowledge(client, applied)
         return None
+
+    async def _report_progress(self, client: httpx.AsyncClient, applied: AppliedDecision) -> None:
+        """Tell the planner what runs whenever it changed (an engine became ready or left), so
+        that its next tick counts them, also while decisions are superseded before they are
+        reached. A failed report is sent again at the next poll."""
+        ready = {role: n for role, n in self.cluster.ready_counts()[1].items() if role in applied.targets}
+        if ready == self.state.reported:
+            return
+        try:
+            resp = await client.post(
+                f"/decisions/{applied.id}/progress",
+                params={"deployment": self.deployment},
+                json={"observed": ready},
+            )
+        except httpx.TransportError as exc:
+            log.warning("orchestrator: progress report failed (%s); sent again at the next poll", exc)
+            return
+        if resp.status_code != 200:
+            self.state.errors += 1
+            log.warning("orchestrator: progress report answered %d: %s", resp.status_code, resp.text[:300])
+            return
+        self.state.reported = ready
+        self.state.ready_log.append((round(self.sim_now(), 3), ready))
 
     def _reached(self, applied: AppliedDecision) -> bool:
         """The decision's order is applied and its engines are all ready."""
@@ -188,6 +217,8 @@ class Orchestrator:
                 log.warning("orchestrator: acknowledgement failed (%s); retrying in 1 s", exc)
                 await asyncio.sleep(1.0)
         applied.acked_at_s = self.sim_now()
+        self.state.reported = observed
+        self.state.ready_log.append((round(applied.acked_at_s, 3), observed))
         if resp.status_code == 200:
             applied.status = "succeeded"
             self.state.acks += 1
