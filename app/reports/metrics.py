@@ -72,6 +72,11 @@ def _engine_labels(engine: str) -> tuple[str, str]:
     return (worker, rank) if sep and worker else (engine, "")
 
 
+_CAPACITY_DOC = "1 while SLA scaling's last order of the role did not become ready within the wait bound"
+_SIGNAL_DOC = "1 while the signal has been missing for three ticks in a row (no count is lowered meanwhile)"
+_DEGRADED_DOC = "Times a signal became unavailable (three ticks in a row without it)"
+
+
 class PlannerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -255,27 +260,16 @@ class PlannerMetrics:
             ["deployment", "role"],
             registry=r,
         )
-        # 1 while a role's order did not become ready within the wait bound (app/core/sla/
-        # shortfall.py): the cluster has no room for the engines; an alert on it names the role.
+        # An order not ready within the wait bound (app/core/sla/shortfall.py), and a signal missing
+        # three ticks in a row (app/workers/signals.py): what an operator alerts on, per role/signal.
         self.capacity_unavailable = Gauge(
-            "dynamo_planner_capacity_unavailable",
-            "1 while SLA scaling's last order of the role did not become ready within the wait bound",
-            ["deployment", "role"],
-            registry=r,
+            "dynamo_planner_capacity_unavailable", _CAPACITY_DOC, ["deployment", "role"], registry=r
         )
-        # The signals a worker reads (app/workers/signals.py): 1 while one has been missing for
-        # three ticks in a row, and how often one became so.
         self.signal_unavailable = Gauge(
-            "dynamo_planner_signal_unavailable",
-            "1 while the signal has been missing for three ticks in a row (no count is lowered meanwhile)",
-            ["deployment", "signal"],
-            registry=r,
+            "dynamo_planner_signal_unavailable", _SIGNAL_DOC, ["deployment", "signal"], registry=r
         )
         self.degraded_signals = Counter(
-            "dynamo_planner_degraded_signals_total",
-            "Times a signal became unavailable (three ticks in a row without it)",
-            ["deployment", "signal"],
-            registry=r,
+            "dynamo_planner_degraded_signals_total", _DEGRADED_DOC, ["deployment", "signal"], registry=r
         )
         # The fleet step (app/workers/fleet.py), exported by the process that runs it (holds the
         # fleet lease); the others export nothing for it, as standby workers do for their ticks.
