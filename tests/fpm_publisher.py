@@ -1,7 +1,7 @@
 """A stand-in engine: publishes ForwardPassMetrics on a ZMQ socket in Dynamo's wire format.
 
     python tests/fpm_publisher.py --bind 'tcp://127.0.0.1:*' --worker-id engine-a \\
-        --mode good|malformed|stop-after|gaps|heartbeats --count N [--rate R] [--gap-every K] \\
+        --mode good|malformed|stop-after|gaps|heartbeats|garbage --count N [--rate R] [--gap-every K] \\
         [--dp-rank D] [--form map|e3|e4]
 
 Each message is `(b"", 8-byte big-endian sequence, msgpack payload)`. The socket is an XPUB
@@ -19,7 +19,8 @@ Modes, each followed (except `stop-after`) by idle heartbeats (`wall_time == 0`,
 - `stop-after`: `--count` records, then exit (an engine that dies);
 - `gaps`: `--count` records; after every `--gap-every`-th one the sequence skips one number, so
   the subscriber counts exactly `count // gap_every` dropped messages;
-- `heartbeats`: heartbeats only.
+- `heartbeats`: heartbeats only;
+- `garbage`: `--count` bad messages and no record, cycling through `GARBAGE_KINDS`.
 
 `--rate` is records per second (0: as fast as possible). On stdout: `BOUND <endpoint>` once
 bound (with `tcp://host:*` the port is chosen by the system, no race for a free port),
@@ -45,7 +46,7 @@ import zmq  # noqa: E402
 
 from app.core.perf.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics  # noqa: E402
 
-MODES = ("good", "malformed", "stop-after", "gaps", "heartbeats")
+MODES = ("good", "malformed", "stop-after", "gaps", "heartbeats", "garbage")
 GARBAGE_KINDS = ("frames", "short-sequence", "not-msgpack", "missing-fields", "negative-count")
 # The bad messages that carry a well-formed sequence frame (and so use a sequence number).
 SEQUENCED_GARBAGE = ("not-msgpack", "missing-fields", "negative-count")
@@ -202,6 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     pacer = Pacer(args.rate)
     records = 0 if args.mode == "heartbeats" else args.count
     for i in range(records):
+        if args.mode == "garbage":  # an engine whose every message is broken
+            kind = GARBAGE_KINDS[i % len(GARBAGE_KINDS)]
+            pub.send_raw(garbage(kind, args.worker_id, pub.seq))
+            if kind in SEQUENCED_GARBAGE:
+                pub.seq += 1
+            pacer.tick()
+            continue
         pub.send(encode(make_record(args.worker_id, i, args.dp_rank), args.form, counter_id=i))
         if args.mode == "malformed":
             kind = GARBAGE_KINDS[i % len(GARBAGE_KINDS)]

@@ -1,10 +1,11 @@
 """Signals that go missing, against real parts: the frontend's `/metrics` answering 500 and then
-garbage (scraped over HTTP), an engine's ForwardPassMetrics publisher falling silent (a process
-publishing over ZMQ, killed, then another on its endpoint), and the Kubernetes API stand-in
-answering 500 to reads. For each:
-three ticks without the signal make it unavailable (`dynamo_planner_signal_unavailable`,
-`dynamo_planner_degraded_signals_total`, `/readyz`, the tick record), no count is lowered
-meanwhile, and the planner recovers by itself once the component answers again."""
+garbage (scraped over HTTP), a real Prometheus stopped and restarted, an engine's
+ForwardPassMetrics publisher falling silent (a process publishing over ZMQ, killed, then another
+on its endpoint) and then sending only malformed messages, and the Kubernetes API stand-in
+answering 500 to reads. For each: three ticks without the signal make it unavailable
+(`dynamo_planner_signal_unavailable`, `dynamo_planner_degraded_signals_total`, `/readyz`, the
+tick record), no count is lowered meanwhile, and the planner recovers by itself once the
+component answers again."""
 
 from __future__ import annotations
 
@@ -22,7 +23,14 @@ from tests.integration.test_fpm_zmq import spawn  # noqa: F401  (fixture)
 from tests.integration.test_kubernetes_connector import NS, TOKEN, connector_settings, dgd_object
 from tests.k8s_standin import DGD, KubeStandIn
 from tests.support import REPO_ROOT, demo_config
-from tests.support_frontend import Canned, StandInServer
+from tests.support_frontend import (
+    PROMETHEUS_ENV,
+    Canned,
+    FrontendExporter,
+    PrometheusServer,
+    StandInServer,
+    prometheus_binary,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -222,13 +230,84 @@ async def test_silent_fpm_publishers_hold_the_counts_and_recover(make_api, spawn
                 assert d["num_prefill"] >= first["num_prefill"] and d["num_decode"] >= first["num_decode"], d
 
             # A publisher on the same endpoint again: the subscriber reconnects by itself.
-            spawn("prefill-b", "--bind", prefill.endpoint, "--count", "1000000", "--rate", "200")
+            spawned = [spawn("prefill-b", "--bind", prefill.endpoint, "--count", "1000000", "--rate", "200")]
             record = await tick(wait_for_prefill=True)
             assert record["signals"] == {
                 "read": {"traffic": True, "fpm_prefill": True, "fpm_decode": True},
                 "unavailable": [],
             }
             assert await metric(api, "dynamo_planner_signal_unavailable", "fpm_prefill") == 0.0
+
+            # Then one whose every message is malformed: each is skipped and counted, none read.
+            restarted = spawned[0]
+            restarted.proc.kill()
+            restarted.proc.wait(timeout=10)
+            spawn(
+                "prefill-c",
+                "--bind",
+                prefill.endpoint,
+                "--mode",
+                "garbage",
+                "--count",
+                "1000000",
+                "--rate",
+                "200",
+            )
+            malformed = worker.fpm["prefill"].snapshot().malformed
+            await tick(wait_for_prefill=True)  # the garbage has begun to arrive
+            for n in range(1, SIGNAL_MISSES + 1):
+                record = await tick(wait_for_prefill=True)
+                assert record["signals"]["read"]["fpm_prefill"] is False, n
+            assert record["signals"]["unavailable"] == ["fpm_prefill"]
+            assert worker.fpm["prefill"].snapshot().malformed > malformed
+            assert await metric(api, "dynamo_planner_degraded_signals_total", "fpm_prefill") == 2.0
         finally:
             for subscriber in worker.fpm.values():
                 await asyncio.to_thread(subscriber.stop)
+
+
+@pytest.mark.timeout(180)
+async def test_prometheus_stopped_and_restarted(make_api, tmp_path: Path) -> None:
+    binary = prometheus_binary()
+    if binary is None:
+        pytest.skip(
+            f"no prometheus binary: install Debian's `prometheus` package (CI does) or set {PROMETHEUS_ENV}"
+        )
+    exporter = FrontendExporter().start()
+    prometheus = PrometheusServer(binary, tmp_path / "prometheus", [exporter.target])
+    (tmp_path / "prometheus").mkdir()
+    prometheus.start()
+    try:
+        api = await make_api(
+            demo_config(
+                profile=H200,
+                sla={"ttft_ms": 500, "itl_ms": 50},
+                scaling={"algorithm": "sla", "interval_s": TICK_S, "trend": False},
+                sources={"prometheus": {"url": prometheus.url}},
+            )
+        )
+        worker = api.app.state.workers["demo"]
+        await worker.wait_until_ready()
+
+        async def tick() -> dict[str, Any]:
+            api.clock.advance(TICK_S)
+            await worker.run_tick(api.clock.now())
+            return await last_record(api)
+
+        assert (await tick())["signals"]["read"] == {"traffic": True}
+        prometheus.stop()
+        for n in range(1, SIGNAL_MISSES + 2):
+            record = await tick()
+            assert record["signals"]["read"] == {"traffic": False}, n
+            assert (record["signals"]["unavailable"] == ["traffic"]) == (n >= SIGNAL_MISSES), n
+        assert await metric(api, "dynamo_planner_signal_unavailable", "traffic") == 1.0
+        status, reasons = await readiness(api)
+        assert status == 503 and any(r.startswith("signals unavailable: traffic") for r in reasons), reasons
+
+        prometheus.start()  # the same port and storage: a restarted server
+        assert (await tick())["signals"] == {"read": {"traffic": True}, "unavailable": []}
+        assert await metric(api, "dynamo_planner_signal_unavailable", "traffic") == 0.0
+        assert await metric(api, "dynamo_planner_degraded_signals_total", "traffic") == 1.0
+    finally:
+        prometheus.stop()
+        exporter.stop()
