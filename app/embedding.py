@@ -75,6 +75,9 @@ class TickOutput:
     next_tick_s: float  # call on_tick again at this time
     reasons: list[str]  # one line per stage of the decision chain, and the protocol's verdict
     diagnostics: dict[str, Any]  # what the service stores as the tick record
+    # Per role the target lowers: the ready engines to remove, first choice first (a hint: the
+    # cluster removes its starting engines before them, and may ignore it).
+    remove: dict[str, list[str]] = field(default_factory=dict)
 
 
 class EmbeddedPlanner:
@@ -138,7 +141,7 @@ class EmbeddedPlanner:
         diagnostics = effects.diagnostics.model_copy(
             update={"at": (_ORIGIN + timedelta(seconds=inp.now_s)).isoformat(), "fpm": _fpm_summary(current)}
         )
-        target = None
+        target, remove = None, {}
         if effects.target is not None and effects.source is not None:
             outcome = judge(
                 latest=self._latest,
@@ -149,7 +152,7 @@ class EmbeddedPlanner:
             )
             verdict = f"{outcome.verdict}: {outcome.reason}"
             if outcome.verdict == Verdict.CREATE:
-                target = dict(effects.target)
+                target, remove = dict(effects.target), dict(effects.remove)
                 self._latest = DecisionView(
                     id=self._next_id,
                     replicas=target,
@@ -167,6 +170,7 @@ class EmbeddedPlanner:
             next_tick_s=effects.next_tick.at_s,
             reasons=[*effects.reasons, f"protocol: {verdict}"],
             diagnostics=diagnostics.as_json(),
+            remove=remove,
         )
 
     def _settle(self, ready: Mapping[str, int]) -> None:

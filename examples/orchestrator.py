@@ -8,7 +8,10 @@ it), and acknowledges it. Replace `apply()` with your Slurm, Ray or custom sched
         [--command 'scale.sh {prefill} {decode}'] [--once]
 
 The command gets the decision's replica counts as {prefill}, {decode} and {workers}, and {id}
-and {deployment}; exit status 0 acknowledges `succeeded`, anything else `failed`.
+and {deployment}; exit status 0 acknowledges `succeeded`, anything else `failed`. When a count
+goes down, {remove_prefill}, {remove_decode} and {remove_workers} name the ready engines the
+planner would rather lose first (comma-separated worker ids, first choice first; empty when it
+names none): a scheduler that can choose which engines stop should stop those.
 
 It survives planner restarts and failovers (docs/operations.md):
 - several planner replicas (`--url` repeated, or a comma list) are tried in turn: a connection
@@ -50,7 +53,9 @@ def apply(decision: dict, command: str | None) -> tuple[str, str]:
     counts = {role: decision.get(f"num_{role}") for role in ("prefill", "decode", "workers")}
     if command is None:
         return "succeeded", f"printed only: {counts}"
-    fields = {**counts, "id": decision["id"], "deployment": decision["deployment"]}
+    remove = decision.get("remove") or {}
+    named = {f"remove_{role}": ",".join(remove.get(role, ())) for role in ("prefill", "decode", "workers")}
+    fields = {**counts, **named, "id": decision["id"], "deployment": decision["deployment"]}
     argv = shlex.split(command.format(**fields))
     done = subprocess.run(argv, capture_output=True, text=True)
     status = "succeeded" if done.returncode == 0 else "failed"

@@ -31,6 +31,7 @@ def decision_out(d: Decision) -> DecisionOut:
         completed_at=d.completed_at,
         observed=d.observed,
         message=d.message,
+        remove=d.remove,
         tick_id=d.tick_id,
         override_id=d.override_id,
     )

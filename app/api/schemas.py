@@ -57,6 +57,15 @@ class DecisionOut(BaseModel):
     completed_at: datetime | None
     observed: dict[str, int] | None
     message: str | None
+    remove: dict[str, list[str]] | None = Field(
+        default=None,
+        description=(
+            "Per role this decision lowers: the ready engines (worker ids, as their forward-pass "
+            "metrics name them) to remove, first choice first: idle ones, then those with the "
+            "least work in flight. Engines still starting are not named and go before them. A "
+            "hint: an orchestrator that cannot choose which engines stop may ignore it."
+        ),
+    )
     tick_id: int | None
     override_id: int | None
 

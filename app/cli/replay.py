@@ -145,6 +145,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "Clustered copies make one-second bursts that more users at the same rate may not; a wider "
         "window spreads each request's copies over it",
     )
+    replay.add_argument(
+        "--removal-grace-s",
+        metavar="SECONDS",
+        type=number(minimum=0, inclusive=True, maximum=MAX_DELAY_S),
+        help="a removed engine stops taking work and stops SECONDS later, cutting off what it still "
+        "holds (a pod's termination grace period); summary.json counts them as cut_off. Default: "
+        "removed engines drain until empty",
+    )
+    replay.add_argument(
+        "--no-removal-hints",
+        dest="removal_hints",
+        action="store_false",
+        default=None,
+        help="with --removal-grace-s: the cluster ignores the engines the planner names for removal "
+        "and removes the youngest ready ones, as Kubernetes' ReplicaSet controller does",
+    )
     replay.add_argument("--modes", type=modes, help=MODES_HELP)
     replay.add_argument(
         "--scale-to-zero",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from app.core.types import Replicas, Role
@@ -18,5 +19,9 @@ class Connector(Protocol):
     async def ready_counts(self) -> Replicas | None:
         """Replicas ready per role, or None when the cluster cannot say (e.g. not Ready yet)."""
 
-    async def set_replicas(self, targets: Replicas) -> None:
-        """Ask the cluster for these replica counts; returns once the request is accepted."""
+    async def set_replicas(
+        self, targets: Replicas, remove: Mapping[Role, Sequence[str]] | None = None
+    ) -> None:
+        """Ask the cluster for these replica counts; returns once the request is accepted.
+        `remove`: per role going down, the ready engines (worker ids) to remove first, in order;
+        a hint the connector passes on as far as its cluster lets it."""

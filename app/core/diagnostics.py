@@ -390,6 +390,9 @@ class TickDiagnostics(Record):
     bounds: dict[str, dict[str, int]] | None = None
     stages: list[StageRecord] = Field(default_factory=list)
     target: Counts = None
+    # Per role the target lowers, the ready engines to remove, first choice first
+    # (app/core/victims.py).
+    remove: dict[str, list[str]] | None = None
     throughput: _section(ThroughputDiagnostics) = None
     load: _section(LoadDiagnostics) = None
     sla: _section(SlaDiagnostics) = None

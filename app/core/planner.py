@@ -62,6 +62,7 @@ from app.core.types import (
     Stage,
     TrafficObservation,
 )
+from app.core.victims import choose_removals
 
 NO_POLICY_REASON = "no automatic scaling enabled; targets come only from operator pins"
 # Bumped whenever PlannerState changes shape: an export from another version is refused.
@@ -151,6 +152,8 @@ class Effects:
     target: Replicas | None
     source: DecisionSource | None
     stages: tuple[Stage, ...]
+    # Per role the target lowers: the ready engines to remove, first choice first.
+    remove: dict[Role, list[str]]
     diagnostics: TickDiagnostics
     next_tick: ScheduledTick
     state: PlannerState  # adopt it with Planner.commit once the tick is persisted
@@ -295,6 +298,9 @@ class Planner:
         )
         target = stages[-1].replicas
         latest = inp.latest_decision
+        # Lowered from what the cluster was last asked for (else from what is ready).
+        previous = dict(latest.replicas) if latest else (ready if inventory_known else {})
+        remove = choose_removals(previous=previous, target=target, fpm=inp.fpm) if target else {}
         diagnostics = TickDiagnostics(
             version=DIAGNOSTICS_VERSION,
             at_s=now_s,
@@ -309,6 +315,7 @@ class Planner:
             bounds={r: {"min": b.min_replicas, "max": b.max_replicas} for r, b in bounds.items()},
             stages=[s.as_dict() for s in stages],
             target=target,
+            remove=remove or None,
             throughput=throughput_diag,
             load=load_diag,
             sla=sla_diag,
@@ -317,6 +324,7 @@ class Planner:
             target=target,
             source=source,
             stages=stages,
+            remove=remove,
             diagnostics=diagnostics,
             next_tick=self._scheduled(state, now_s),
             state=state,

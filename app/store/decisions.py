@@ -9,6 +9,7 @@ and survive restarts.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -135,6 +136,7 @@ DECISION_ROW_COLUMNS = (
     Decision.completed_at,
     Decision.observed,
     Decision.message,
+    Decision.remove,
     Decision.tick_id,
     Decision.override_id,
 )
@@ -202,6 +204,7 @@ def propose_decision(
     await_ack: bool = True,
     tick_id: int | None = None,
     override_id: int | None = None,
+    remove: Mapping[str, Sequence[str]] | None = None,
 ) -> ProposalResult:
     """Apply the decision protocol to a new target; the caller commits."""
     lock_deployment(session, deployment)
@@ -242,6 +245,7 @@ def propose_decision(
         status=str(DecisionStatus.PENDING),
         tick_id=tick_id,
         override_id=override_id,
+        remove={role: list(ids) for role, ids in remove.items()} if remove else None,
     )
     session.add(decision)
     session.flush()

@@ -139,6 +139,8 @@ class Decision(Base):
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     observed: Mapped[dict[str, int] | None] = mapped_column(JSONType)
     message: Mapped[str | None] = mapped_column(Text)
+    # Per role the decision lowers: the ready engines to remove, first choice first (a hint).
+    remove: Mapped[dict[str, list[str]] | None] = mapped_column(JSONType)
     tick_id: Mapped[int | None] = mapped_column(ForeignKey("ticks.id"))
     override_id: Mapped[int | None] = mapped_column(Integer)
 

@@ -66,7 +66,7 @@ class ActuateMixin:
         """Hand a decision to the cluster; its outcome is the decision's acknowledgement."""
         replicas = decision_store.replicas_of(decision)
         try:
-            await self.connector.set_replicas(replicas)  # type: ignore[union-attr]
+            await self.connector.set_replicas(replicas, decision.remove)  # type: ignore[union-attr]
             status, message = (
                 DecisionStatus.SUCCEEDED,
                 f"{self.config.connector.type}: replicas set to {replicas}",

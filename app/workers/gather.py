@@ -23,7 +23,8 @@ from app.connectors.base import Connector
 from app.core.errors import ConnectorError, SourceUnavailableError
 from app.core.perf.fpm import ForwardPassMetrics
 from app.core.planner import Planner
-from app.core.types import Role, TrafficObservation
+from app.core.types import Replicas, Role, TrafficObservation
+from app.core.victims import choose_removals
 from app.sources.fpm import FpmSubscriber
 from app.sources.fpm_snapshot import as_json as fpm_as_json
 from app.sources.traffic import TrafficSource
@@ -119,6 +120,13 @@ class GatherMixin:
             return dict(observed.replicas) if observed else None  # type: ignore[arg-type]
 
         return await asyncio.to_thread(read)
+
+    def removals(self, previous: Replicas, target: Replicas) -> dict[Role, list[str]]:
+        """The ready engines a change from `previous` to `target` would rather remove, from
+        the engines' latest forward passes (for a decision made outside the tick: a pin).
+        Thread-safe."""
+        engines = {role: subscriber.snapshot().records() for role, subscriber in self.fpm.items()}
+        return choose_removals(previous=previous, target=target, fpm=engines)
 
     async def gather(self, now: datetime) -> Gathered:
         """What the planner's tick at `now` needs, and only that."""

@@ -142,6 +142,7 @@ class TickMixin:
                     await_ack=self.config.awaits_ack,
                     tick_id=tick.id,
                     override_id=overrides.pin_id,
+                    remove=effects.remove,
                 )
                 decision = proposal.decision
                 verdict = f"{proposal.outcome.verdict}: {proposal.outcome.reason}"

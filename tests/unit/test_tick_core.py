@@ -507,6 +507,7 @@ def test_on_tick_diagnostics_record() -> None:
             {"stage": "budget", "replicas": {"prefill": 3, "decode": 10}, "reason": "no GPU budget"},
         ],
         "target": {"prefill": 3, "decode": 10},
+        "remove": None,
         "throughput": None,
         "load": None,
         "sla": None,

@@ -127,6 +127,9 @@ def create_override(
     )
     decision, outcome = None, None
     if action == OverrideAction.PIN:
+        latest = decision_store.latest_decision(session, config.name)
+        previous = decision_store.replicas_of(latest) if latest is not None else {}
+        remove = request.app.state.workers[config.name].removals(previous, params)
         proposal = decision_store.propose_decision(
             session,
             deployment=config.name,
@@ -137,6 +140,7 @@ def create_override(
             ack_timeout_s=config.connector.ack_timeout_s,
             await_ack=config.awaits_ack,
             override_id=override.id,
+            remove=remove,
         )
         decision = proposal.decision
         outcome = f"{proposal.outcome.verdict}: {proposal.outcome.reason}"

@@ -62,6 +62,11 @@ class SimulationConfig(Strict):
     # None: the oracle's count at t = 0, so that no policy starts from a cold, empty cluster.
     initial_prefill: int | None = Field(default=None, ge=0)
     initial_decode: int | None = Field(default=None, ge=0)
+    # How a removed engine goes (app/sim/world/cluster.py): None, it drains until empty; a
+    # number, its termination grace period: what it still holds then is cut off.
+    removal_grace_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    # With a grace period: whether the cluster removes the engines the policy names first.
+    removal_hints: bool = True
     reactive: ReactiveConfig = Field(default_factory=ReactiveConfig)
     oracle: OracleConfig = Field(default_factory=OracleConfig)
 
@@ -143,6 +148,8 @@ def with_overrides(
     seed: int | None = None,
     rate_scale: float | None = None,
     rate_spread_s: float | None = None,
+    removal_grace_s: float | None = None,
+    removal_hints: bool | None = None,
     modes: tuple[str, ...] | None = None,
     scale_to_zero_quiet_s: float | None = None,
     scale_to_zero_forecast: bool = False,
@@ -200,6 +207,8 @@ def with_overrides(
         "seed": seed,
         "rate_scale": rate_scale,
         "rate_spread_s": rate_spread_s,
+        "removal_grace_s": removal_grace_s,
+        "removal_hints": removal_hints,
     }
     return ReplayConfig(
         path=config.path,

@@ -117,6 +117,8 @@ def summarize(
         "requests": len(table),
         "completed": int(finished.sum()),
         "unfinished": int((~finished).sum()),
+        # Of the unfinished: cut off by an engine's removal (only with a removal grace period).
+        "cut_off": int(result.cut_off),
         "slo_attainment": _share(table.met_slo),
         "ttft_attainment": _share(table.met_ttft),
         "itl_attainment": _share(table.met_itl),

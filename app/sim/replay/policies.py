@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from app.core.perf.interpolation import PerfModel
@@ -32,6 +32,8 @@ class PolicyStep:
     target: dict[str, int] | None  # None: no change
     reason: str
     next_tick_s: float
+    # Per role the target lowers, the ready engines the policy would rather lose first.
+    remove: dict[str, list[str]] = field(default_factory=dict)
 
 
 class Policy(Protocol):
@@ -86,7 +88,7 @@ class PlannerPolicy:
             )
         )
         self.ticks.append(out.diagnostics)
-        return PolicyStep(out.target, "; ".join(out.reasons), out.next_tick_s)
+        return PolicyStep(out.target, "; ".join(out.reasons), out.next_tick_s, out.remove)
 
 
 class StaticPolicy:

@@ -46,3 +46,5 @@ class ReplayResult:
     settings: dict[str, Any] = field(default_factory=dict)  # the run's parameters, as given
     # The deployment may scale to zero: summary.json then reports its zero periods and wake-ups.
     scale_to_zero: bool = False
+    # Requests an engine still held when its removal's grace period ended (never finished).
+    cut_off: int = 0

@@ -163,6 +163,7 @@ def run_policy(
         gpus_per_engine=world.gpus_per_engine,
         model_name=world.config.deployment.model_name or world.config.deployment.name,
         record_roles=getattr(policy, "record_fpm_roles", ()),
+        removal_grace_s=sim.removal_grace_s,
     )
     decisions: list[DecisionEvent] = []
     next_tick = policy.first_tick_s()
@@ -176,9 +177,10 @@ def run_policy(
                 break
             step = policy.tick(next_tick, cluster)
             if step.target is not None:
+                hints = step.remove if sim.removal_hints else {}
                 for role, count in step.target.items():
                     if role in ROLES and count != cluster.targets[role]:
-                        cluster.set_target(role, count)
+                        cluster.set_target(role, count, hints.get(role, ()))
             decisions.append(DecisionEvent(next_tick, step.target, step.reason))
             # A policy that answers with a time not after now would spin.
             next_tick = step.next_tick_s if step.next_tick_s > next_tick else math.inf
@@ -186,13 +188,13 @@ def run_policy(
             cluster.run_until(horizon)
         if progress is not None:
             # The last step ends where the last request finished, not at the step's horizon.
-            reached_s = max(r.finish_s for r in cluster.requests) if cluster.done else horizon  # type: ignore[type-var]
+            reached_s = _last_finish_s(cluster) if cluster.done else horizon
             progress(
                 ReplayProgress(
                     reached_s, expected_s, len(decisions), cluster.completed, len(cluster.requests)
                 )
             )
-    end_s = max(r.finish_s for r in cluster.requests)  # type: ignore[type-var]
+    end_s = _last_finish_s(cluster)
     return ReplayResult(
         policy=policy.name,
         trace=trace_name,
@@ -210,8 +212,14 @@ def run_policy(
         end_s=end_s,
         wall_s=time.perf_counter() - started,
         settings=settings or {},
+        cut_off=cluster.cut_off,
         scale_to_zero=world.config.deployment.scaling.scale_to_zero.enabled,
     )
+
+
+def _last_finish_s(cluster: Cluster) -> float:
+    """When the last request ended: finished, or cut off with its engine."""
+    return max((r.finish_s for r in cluster.requests if r.finish_s is not None), default=cluster.now)
 
 
 def load_requests(config: ReplayConfig, trace: Path) -> list[TraceRequest]:
@@ -319,6 +327,8 @@ def run_command(args: Any, *, started_s: float | None = None) -> int:
         seed=args.seed,
         rate_scale=args.rate_scale,
         rate_spread_s=getattr(args, "rate_spread_s", None),
+        removal_grace_s=getattr(args, "removal_grace_s", None),
+        removal_hints=getattr(args, "removal_hints", None),
         modes=args.modes,
         scale_to_zero_quiet_s=getattr(args, "scale_to_zero_quiet_s", None),
         scale_to_zero_forecast=bool(getattr(args, "scale_to_zero_forecast", False)),
@@ -346,6 +356,9 @@ def run_command(args: Any, *, started_s: float | None = None) -> int:
         "profile": config.deployment.profile,
         "truth_profile": config.simulation.truth_profile or config.deployment.profile,
     }
+    if config.simulation.removal_grace_s is not None:
+        settings["removal_grace_s"] = config.simulation.removal_grace_s
+        settings["removal_hints"] = config.simulation.removal_hints
     zero = config.deployment.scaling.scale_to_zero
     if zero.enabled:
         settings["scale_to_zero_quiet_s"] = zero.quiet_s

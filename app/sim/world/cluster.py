@@ -10,8 +10,15 @@ the same on every run (ties are broken by insertion order).
   reserved or waiting. Only ready engines that are not draining take work; while a role has
   none, requests wait at the router.
 - Scaling: an engine ordered at t serves from t + `startup_delay_s` and is billed from t. Going
-  down cancels engines still starting first (billing stops at once), then drains the least
-  loaded ready engines: they take no new work and are billed until they are empty.
+  down cancels engines still starting first (billing stops at once), then removes ready ones,
+  which take no new work from then on. How they go is `removal_grace_s`:
+  - None (drain): the least loaded ready engines go, billed until they are empty; no request is
+    cut off, so which engines go changes only the bill;
+  - a number of seconds (a cluster's termination grace period): the engines named by the
+    caller's `remove` hint go first, in its order, then the youngest ready ones (the order
+    Kubernetes' ReplicaSet controller removes pods in); each stops when empty or when its grace
+    period ends, and the requests it still holds then are cut off: they never finish and count
+    as misses, and `cut_off` counts them.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from app.sim.world.truth import TruthModel
 Engine = PrefillEngine | DecodeEngine
 ROLES = ("prefill", "decode")
 
-_ARRIVAL, _READY, _PREFILL_DONE, _DECODE_DONE = range(4)
+_ARRIVAL, _READY, _PREFILL_DONE, _DECODE_DONE, _GRACE_ENDS = range(5)
 
 
 @dataclass(frozen=True)
@@ -72,10 +79,14 @@ class Cluster:
         model_name: str = "model",
         on_fpm: Callable[[ForwardPassMetrics], None] | None = None,
         record_roles: Sequence[str] = (),
+        removal_grace_s: float | None = None,
     ) -> None:
         if not (math.isfinite(startup_delay_s) and startup_delay_s >= 0):
             raise ValueError(f"startup_delay_s must be >= 0, got {startup_delay_s!r}")
+        if removal_grace_s is not None and not (math.isfinite(removal_grace_s) and removal_grace_s >= 0):
+            raise ValueError(f"removal_grace_s must be >= 0, got {removal_grace_s!r}")
         self.truth = truth
+        self.removal_grace_s = removal_grace_s
         self.startup_delay_s = float(startup_delay_s)
         self.gpus_per_engine = {role: (gpus_per_engine or {}).get(role, 1) for role in ROLES}
         self.requests = [
@@ -88,6 +99,7 @@ class Cluster:
         self._records: dict[str, list[ForwardPassMetrics]] = {role: [] for role in record_roles}
         self.now = 0.0
         self.completed = 0
+        self.cut_off = 0  # requests an engine held when its grace period ended
         self.targets = {role: 0 for role in ROLES}
         self.timeline: list[ReplicaSample] = []
         self._slots: dict[str, list[_Slot]] = {role: [] for role in ROLES}
@@ -113,7 +125,7 @@ class Cluster:
 
     @property
     def done(self) -> bool:
-        return self.completed == len(self.requests)
+        return self.completed + self.cut_off == len(self.requests)
 
     @property
     def last_arrival_s(self) -> float:
@@ -147,6 +159,8 @@ class Cluster:
                     self._decode_done(engine)
             elif kind == _READY:
                 self._became_ready(obj)  # type: ignore[arg-type]
+            elif kind == _GRACE_ENDS:
+                self._grace_ends(obj)  # type: ignore[arg-type]
         self.now = max(self.now, float(until_s))
 
     def _route(self, role: str, request: SimRequest) -> None:
@@ -176,6 +190,8 @@ class Cluster:
             self._push(end, _DECODE_DONE, engine, engine.version)
 
     def _prefill_done(self, engine: PrefillEngine) -> None:
+        if engine.killed:
+            return  # its iteration's requests were cut off with it
         now = self.now
         for request in engine.finish(now):
             self.frontend.on_first_token(now - request.arrival_s)
@@ -235,8 +251,10 @@ class Cluster:
         self._serve(role, slot)
         self._record(role)
 
-    def set_target(self, role: str, count: int) -> None:
-        """Order or remove engines of `role` so that `count` are billed and not draining."""
+    def set_target(self, role: str, count: int, remove: Sequence[str] = ()) -> None:
+        """Order or remove engines of `role` so that `count` are billed and not draining;
+        `remove` names the ready engines to remove first, in order (honoured when removal has a
+        grace period: see the module's docstring)."""
         if count < 0:
             raise ValueError(f"replica count must be >= 0, got {count}")
         self.targets[role] = count
@@ -250,12 +268,32 @@ class Cluster:
             for slot in starting[:excess]:
                 self._stop(slot)
             excess -= min(excess, len(starting))
-            serving = sorted(self._serving[role], key=lambda s: s.engine.load)
-            for slot in serving[:excess]:
+            for slot in self._victims(role, remove)[:excess]:
                 slot.draining = True
                 self._serving[role].remove(slot)
+                if self.removal_grace_s is not None:
+                    self._push(self.now + self.removal_grace_s, _GRACE_ENDS, slot)
                 self._maybe_stop(slot.engine)
         self._record(role)
+
+    def _victims(self, role: str, remove: Sequence[str]) -> list[_Slot]:
+        """The serving engines of `role` in the order they are removed."""
+        serving = self._serving[role]
+        if self.removal_grace_s is None:
+            return sorted(serving, key=lambda s: s.engine.load)
+        by_id = {s.engine.id: s for s in serving}
+        named = [by_id.pop(w) for w in dict.fromkeys(remove) if w in by_id]
+        youngest = sorted(by_id.values(), key=lambda s: (-s.ready_s, -s.ordered_s))
+        return named + youngest
+
+    def _grace_ends(self, slot: _Slot) -> None:
+        if slot.stopped_s is not None:
+            return  # emptied in time
+        cut = slot.engine.kill()
+        self.cut_off += len(cut)
+        self.frontend.on_cut_off(len(cut))
+        self._stop(slot)
+        self._record(slot.engine.role)
 
     def _maybe_stop(self, engine: Engine) -> None:
         slot = next((s for s in self._slots[engine.role] if s.engine is engine), None)

@@ -109,6 +109,7 @@ class PrefillEngine:
         self.busy_until: float | None = None
         self._batch: list[tuple[SimRequest, int, bool]] = []  # (request, tokens, last chunk)
         self.last: Iteration | None = None
+        self.killed = False  # stopped with work in hand: its running iteration never ends
         # Σ and Σ² of the queued prompts' lengths, for FPM without walking a long backlog.
         self._queued_isl = 0
         self._queued_isl_sq = 0
@@ -167,6 +168,14 @@ class PrefillEngine:
             prefill_kv_tokens=earlier_chunks,
         )
         return self.busy_until
+
+    def kill(self) -> list[SimRequest]:
+        """Stop at once: the requests whose prompt was running or queued, now cut off."""
+        held = {r.id: r for r, _, _ in self._batch} | {entry[0].id: entry[0] for entry in self.queue}
+        self.killed = True
+        self._batch, self.queue, self.busy_until = [], deque(), None
+        self.pending_tokens = self._queued_isl = self._queued_isl_sq = 0
+        return list(held.values())
 
     def finish(self, now: float) -> list[SimRequest]:
         """End the running iteration; the requests whose prompt is now complete."""
@@ -318,6 +327,16 @@ class DecodeEngine:
         self.segment_iters = 0
         self._admit(boundary)
         return self._plan(boundary)
+
+    def kill(self) -> list[SimRequest]:
+        """Stop at once: the requests decoding or waiting, now cut off (a newer version makes
+        the running segment's end event stale)."""
+        held = [r for _, _, r in self._active] + list(self.waiting)
+        self._active, self.waiting = [], deque()
+        self.reserved_kv = self.waiting_kv = self._ctx_base = self._ctx_sq_base = 0
+        self.segment_iters = 0
+        self.version += 1
+        return held
 
     def finish(self, now: float) -> tuple[list[SimRequest], float | None]:
         """The segment ended at `now`: the finished requests and the next segment's end."""

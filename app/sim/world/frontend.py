@@ -90,6 +90,11 @@ class FrontendCounters:
             h["itl_ms"].observe(itl_s, osl - 1)
         h["request_duration_s"].observe(duration_s)
 
+    def on_cut_off(self, n: int) -> None:
+        """Requests that ended without finishing (their engine was removed): they leave the
+        in-flight gauge and count as requests, with no latency or length observed."""
+        self.completed += n
+
     def snapshot(self, at_s: float) -> CounterSnapshot:
         return CounterSnapshot(
             at_s=at_s,
