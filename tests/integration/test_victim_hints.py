@@ -1,0 +1,83 @@
+"""A decision that lowers a count names the engines to remove, from real engines' forward passes
+over ZMQ (`tests/fpm_publisher.py`): idle engines first, then the least work. Both ways a
+decision is made: an operator's pin (the route reads the engines' latest passes) and the tick
+(the core reads the same), and both reach an orchestrator in the decision's JSON."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tests.api.helpers import complete, override, pin
+from tests.integration.test_fpm_zmq import spawn  # noqa: F401  (fixture)
+from tests.support import REPO_ROOT, demo_config
+
+pytestmark = pytest.mark.anyio
+
+H200 = str(REPO_ROOT / "data" / "profiles" / "h200-llama3.1-8b-fp8")
+
+
+async def engines_seen(worker, expected: dict[str, bool]) -> None:  # type: ignore[no-untyped-def]
+    """Until the decode subscriber's latest pass of each engine is busy (True) or idle (False)."""
+    for _ in range(400):
+        latest = {key[0]: e.trainable for key, e in worker.fpm["decode"].snapshot().engines.items()}
+        if latest == expected:
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"engines seen: {latest}, expected {expected}")
+
+
+async def wait_for(api, after: int) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    r = await api.client.get("/decisions/wait", params={"deployment": "demo", "after": after, "timeout_s": 0})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+async def three_decoders(make_api, spawn):  # type: ignore[no-untyped-def]  # noqa: F811
+    """The API over three decode engines publishing FPM: one busy, two idle; decision 1 (a pin to
+    3 decode engines, which names nothing) acknowledged."""
+    busy = spawn("decode-busy", "--count", "1000000", "--rate", "200")
+    idle = spawn("decode-idle", "--mode", "heartbeats")
+    done = spawn("decode-done", "--count", "3")  # three passes, then idle heartbeats
+    api = await make_api(
+        demo_config(
+            # SLA scaling reads the engines' passes; a pin decides here, whatever it would.
+            profile=H200,
+            scaling={"algorithm": "sla", "interval_s": 5.0},
+            sources={"fpm_endpoints": {"decode": [busy.endpoint, idle.endpoint, done.endpoint]}},
+        )
+    )
+    worker = api.app.state.workers["demo"]
+    for subscriber in worker.fpm.values():
+        subscriber.start()
+    await worker.wait_until_ready()
+    await engines_seen(worker, {"decode-busy": True, "decode-idle": False, "decode-done": False})
+    assert (await pin(api, 1, 3)).status_code == 201
+    assert (await wait_for(api, 0))["remove"] is None
+    assert (await complete(api, 1, observed={"prefill": 1, "decode": 3})).status_code == 200
+    api.clock.advance(10)
+    return api
+
+
+IDLE_FIRST = {"decode": ["decode-done", "decode-idle"]}  # both idle: ties go to the worker id
+
+
+async def test_a_pin_that_lowers_a_count_names_idle_engines_first(make_api, spawn) -> None:  # noqa: F811
+    api = await three_decoders(make_api, spawn)
+    r = await pin(api, 1, 1)
+    assert r.status_code == 201, r.text
+    assert r.json()["decision"]["remove"] == IDLE_FIRST
+    assert (await wait_for(api, 1))["remove"] == IDLE_FIRST
+
+
+async def test_a_tick_that_lowers_a_count_names_idle_engines_first(make_api, spawn) -> None:  # noqa: F811
+    api = await three_decoders(make_api, spawn)
+    # Bounds below the pin: the tick lowers decode to 1, and its record names what the decision does.
+    assert (await override(api, "bounds", max_decode=1)).status_code == 201
+    report = await api.app.state.workers["demo"].run_tick(api.clock.now())
+    assert report.decision is not None and report.decision.num_decode == 1
+    assert (await wait_for(api, 1))["remove"] == IDLE_FIRST
+    items = (await api.client.get("/diagnostics", params={"deployment": "demo", "limit": 1})).json()["items"]
+    assert items[-1]["record"]["remove"] == IDLE_FIRST
