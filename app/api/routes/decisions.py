@@ -20,7 +20,8 @@ from app.api.deps import (
 )
 from app.api.disconnect import ClientGone, unless_client_leaves
 from app.api.errors import problem_responses
-from app.api.schemas import MAX_ID, CompleteIn, DecisionOut, DecisionPage, ProgressIn
+from app.api.schemas import MAX_ID, CompleteIn, DecisionOut, DecisionPage, Observed, ProgressIn
+from app.config import DeploymentConfig
 from app.core.errors import InvalidInputError
 from app.core.types import DecisionStatus
 from app.store import decisions as store
@@ -164,10 +165,7 @@ def complete_decision(
     deployment: DeploymentQuery = None,
 ) -> DecisionOut:
     config = deployment_for_decision(deployments, deployment)
-    observed = body.observed.model_dump(exclude_none=True) if body.observed else None
-    for role in observed or {}:
-        if role not in config.roles:
-            raise InvalidInputError(f"body.observed.{role}", f"a {config.mode} deployment has no {role} role")
+    observed = _observed(body.observed, config) if body.observed else None
     metrics = request.app.state.metrics
     try:
         decision = store.complete_decision_or_raise(
@@ -211,12 +209,9 @@ def report_progress(
     order), as often as it changes: the planner's next tick counts these engines. The decision
     is unchanged, whatever its status; the acknowledgement still ends it."""
     config = deployment_for_decision(deployments, deployment)
-    observed = body.observed.model_dump(exclude_none=True)
+    observed = _observed(body.observed, config)
     if not observed:
         raise InvalidInputError("body.observed", "the engines of at least one role")
-    for role in observed:
-        if role not in config.roles:
-            raise InvalidInputError(f"body.observed.{role}", f"a {config.mode} deployment has no {role} role")
     decision = store.report_observed(
         session,
         deployment=config.name,
@@ -230,3 +225,12 @@ def report_progress(
     for role, count in observed.items():
         request.app.state.metrics.ready[role].labels(config.name).set(count)
     return decision_out(decision)
+
+
+def _observed(observed: Observed, config: DeploymentConfig) -> dict[str, int]:
+    """The replicas an orchestrator reports, each of a role the deployment has (422 naming it)."""
+    counts = observed.model_dump(exclude_none=True)
+    for role in counts:
+        if role not in config.roles:
+            raise InvalidInputError(f"body.observed.{role}", f"a {config.mode} deployment has no {role} role")
+    return counts
