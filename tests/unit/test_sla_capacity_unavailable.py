@@ -132,3 +132,21 @@ def test_a_shortfall_ends_when_nothing_is_missing(h200: PerfModel, case: Ending)
     assert result.reason != SlaReason.CAPACITY_UNAVAILABLE, case.why
     assert "capacity_unavailable" not in result.diagnostics, case.why
     assert run.state.shortfalls is None, case.why
+
+
+def test_an_order_cut_by_a_grant_times_out_as_the_grant(h200: PerfModel) -> None:
+    """The step wishes more engines than its bounds or the fleet's grant let it order (two here):
+    the order of those two still ages from when it was placed, and fails at the bound as an
+    order of two, not one that is placed afresh each tick and never grows old."""
+    granted = 2
+    run = Run(h200, settings_for(h200, ("prefill",)), expected={"prefill": 1})
+    results = []
+    while run.now_s < WAIT_MIN_S + 2 * TICK_S:
+        result = run.tick(300.0, ready={"prefill": 1}, follow=False)
+        results.append(result)
+        run.expected = {"prefill": min(result.replicas["prefill"], granted)}
+    assert results[0].replicas["prefill"] > granted, "the wish must exceed the grant"
+    capped = results[-1]
+    assert (capped.replicas, capped.reason) == ({"prefill": 1}, SlaReason.CAPACITY_UNAVAILABLE)
+    report = capped.diagnostics["capacity_unavailable"]["prefill"]
+    assert (report["asked"], report["ready"]) == (granted, 1)

@@ -96,9 +96,16 @@ def update_lead(state: SlaState, inp: SlaInput, settings: SlaSettings) -> float:
     shortfalls = dict(state.shortfalls or {})
     for role, (ordered_s, count) in list(state.orders.items()):
         ready = inp.ready.get(role, 0)
-        if inp.expected.get(role, count) < count:
+        asked = inp.expected.get(role, count)
+        if asked < count and ready >= asked:
             del state.orders[role]  # cancelled by a later scale-down: nothing measured
-        elif ready >= count:
+            continue
+        if asked < count:
+            # Fewer were ordered than the step wished (a bound, the fleet's grant, a later
+            # scale-down to above what runs): those are still to come, from the same order.
+            count = asked
+            state.orders[role] = Order(ordered_s, count)
+        if ready >= count:
             latency = inp.now_s - ordered_s
             state.lead_s = latency if state.lead_s is None else 0.7 * state.lead_s + 0.3 * latency
             del state.orders[role]
