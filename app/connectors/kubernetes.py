@@ -31,6 +31,11 @@ The resourceVersion makes the patch conditional on the DGD we read (Ready, curre
 concurrent change answers 409, and the connector reads again and retries, a bounded number of
 times. Every API call runs in a worker thread (`asyncio.to_thread`): the official client blocks.
 
+Choosing which engines go: when a role goes down and the planner names the engines it would
+rather lose, their pods get a `controller.kubernetes.io/pod-deletion-cost` first (the first named
+the lowest), so that the ReplicaSet controller removes them (`deletion_cost.py`). Advisory: a
+failure there is logged and the replicas are set all the same.
+
 Errors become `ConnectorError` naming the DGD, the service and, for 403, the RBAC verb and
 resource to grant.
 """
@@ -39,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,6 +55,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from app.config import KubernetesConnectorConfig
+from app.connectors.deletion_cost import write_deletion_costs
 from app.connectors.dgd import (
     adapter_name,
     describe_services,
@@ -95,6 +101,7 @@ class KubernetesConnector:
         self.conflict_retries = conflict_retries
         self.request_timeout_s = request_timeout_s
         self._api: k8s_client.CustomObjectsApi | None = None
+        self._core: k8s_client.CoreV1Api | None = None
         self._api_client: k8s_client.ApiClient | None = None
         self._namespace: str | None = config.namespace
         self._init_lock = asyncio.Lock()
@@ -142,7 +149,12 @@ class KubernetesConnector:
             counts[role] = value
         return counts
 
-    async def set_replicas(self, targets: Replicas) -> None:
+    async def set_replicas(
+        self, targets: Replicas, remove: Mapping[Role, Sequence[str]] | None = None
+    ) -> None:
+        """Set each role's replicas. `remove[role]`: the engines (worker ids: pod names or uids)
+        the planner would rather lose first when that role goes down, in order; their pods get a
+        deletion cost before the replicas change. Without it no pod is read or written."""
         unknown = sorted(set(targets) - set(self.roles))
         if unknown:
             raise ConnectorError(
@@ -152,6 +164,7 @@ class KubernetesConnector:
         bad = {r: n for r, n in targets.items() if isinstance(n, bool) or not isinstance(n, int) or n < 0}
         if bad:
             raise ConnectorError(f"{self._where()}: replica targets must be counts >= 0, got {bad}")
+        chosen = False
         for attempt in range(self.conflict_retries + 1):
             dgd = await self._get_dgd()
             if not is_ready(dgd):
@@ -161,6 +174,10 @@ class KubernetesConnector:
                     f"{self._where()} is not Ready ({ready_reason(dgd)}): not scaled yet"
                 )
             names = self._resolve_services(dgd)
+            if remove and not chosen:
+                # Once per call: a conflict retry repeats the replica write, not the annotations.
+                chosen = True
+                await self._choose_removals(dgd, names, targets, remove)
             try:
                 await self._apply(dgd, {names[role]: n for role, n in targets.items()})
                 return
@@ -183,7 +200,7 @@ class KubernetesConnector:
     async def close(self) -> None:
         if self._api_client is not None:
             await asyncio.to_thread(self._api_client.close)
-            self._api_client = self._api = None
+            self._api_client = self._api = self._core = None
 
     # --- scaling -----------------------------------------------------------------------------
 
@@ -244,6 +261,43 @@ class KubernetesConnector:
             self._where(),
             " ".join(f"spec.services.{s}.replicas={n}" for s, n in fallback.items()),
         )
+
+    async def _choose_removals(
+        self,
+        dgd: dict[str, Any],
+        names: dict[Role, str],
+        targets: Replicas,
+        remove: Mapping[Role, Sequence[str]],
+    ) -> None:
+        """Deletion costs on the pods the planner names, for each role going down (target below
+        the service's `spec.replicas`); raising or keeping a role touches no pod."""
+        services = self._services(dgd)
+        unmatched: dict[Role, int] = {}
+        for role, target in targets.items():
+            victims = list(remove.get(role) or ())
+            current = services[names[role]].get("replicas")
+            if not victims or not isinstance(current, int) or target >= current:
+                continue
+            assert self._core is not None
+            missing = await write_deletion_costs(
+                self._core,
+                namespace=self._ns(),
+                dgd_name=self.config.dgd_name,
+                service=names[role],
+                victims=victims,
+                timeout_s=self.request_timeout_s,
+                where=self._where(),
+            )
+            if missing:
+                unmatched[role] = missing
+        if unmatched:
+            log.info(
+                "%s: %d engines named for removal match no pod by name or uid (%s): "
+                "the controller chooses in their place",
+                self._where(),
+                sum(unmatched.values()),
+                ", ".join(f"{role}: {n}" for role, n in unmatched.items()),
+            )
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -311,6 +365,7 @@ class KubernetesConnector:
                 self._namespace = namespace
                 self._api_client = api_client
                 self._api = k8s_client.CustomObjectsApi(api_client)
+                self._core = k8s_client.CoreV1Api(api_client)
 
     def _build_client(self) -> tuple[k8s_client.ApiClient, str]:
         """In a worker thread: files are read here. An explicit `api_server` wins, then an
