@@ -66,6 +66,7 @@ from app.connectors.dgd import (
     service_gpus,
     status_body,
 )
+from app.connectors.kube_client import NoRetryAfterTimeout, timed_out, use_token_file
 from app.core.errors import ConnectorError, ConnectorNotReadyError
 from app.core.types import Replicas, Role
 
@@ -92,14 +93,17 @@ class KubernetesConnector:
         *,
         roles: tuple[Role, ...],
         conflict_retries: int = 3,
-        request_timeout_s: float = 30.0,
+        request_timeout_s: float | None = None,
     ) -> None:
+        """`request_timeout_s`: each API call's timeout; default the config's."""
         if not roles:
             raise ValueError("roles must name at least one role")
         self.config = config
         self.roles = roles
         self.conflict_retries = conflict_retries
-        self.request_timeout_s = request_timeout_s
+        self.request_timeout_s = (
+            request_timeout_s if request_timeout_s is not None else config.request_timeout_s
+        )
         self._api: k8s_client.CustomObjectsApi | None = None
         self._core: k8s_client.CoreV1Api | None = None
         self._api_client: k8s_client.ApiClient | None = None
@@ -376,7 +380,7 @@ class KubernetesConnector:
             if cfg.api_server:
                 conf.host = cfg.api_server.rstrip("/")
                 if cfg.token_file:
-                    _use_token_file(conf, Path(cfg.token_file))
+                    use_token_file(conf, Path(cfg.token_file))
                 ca = SERVICE_ACCOUNT_DIR / "ca.crt"
                 if conf.host.startswith("https://") and ca.is_file():
                     conf.ssl_ca_cert = str(ca)
@@ -398,6 +402,7 @@ class KubernetesConnector:
                 namespace = (SERVICE_ACCOUNT_DIR / "namespace").read_text().strip() or None
             except OSError:
                 namespace = None
+        conf.retries = NoRetryAfterTimeout(3)
         return k8s_client.ApiClient(conf), namespace or "default"
 
     async def _call(
@@ -422,6 +427,11 @@ class KubernetesConnector:
             raise self._translate(exc, verb=verb, resource=resource, name=name) from None
         except urllib3.exceptions.HTTPError as exc:
             host = self._api_client.configuration.host if self._api_client else "?"
+            if timed_out(exc):
+                raise ConnectorError(
+                    f"{self._where()}: the Kubernetes API at {host} did not answer {verb} {resource} "
+                    f"{name!r} within {kwargs['_request_timeout']:g} s (request_timeout_s)"
+                ) from None
             raise ConnectorError(
                 f"{self._where()}: cannot reach the Kubernetes API at {host} ({type(exc).__name__}: {exc})"
             ) from None
@@ -451,18 +461,3 @@ class KubernetesConnector:
         return ConnectorError(
             f"{self._where()}: {verb} {resource} {name!r} failed with HTTP {exc.status}: {message}"
         )
-
-
-def _use_token_file(conf: k8s_client.Configuration, path: Path) -> None:
-    """Send `Authorization: Bearer <token>` read from `path`, again whenever the file changes
-    (projected service-account tokens rotate). The hook runs inside the API call's thread."""
-    state: dict[str, Any] = {"mtime": None}
-
-    def refresh(c: k8s_client.Configuration) -> None:
-        mtime = path.stat().st_mtime_ns
-        if mtime != state["mtime"]:
-            c.api_key["BearerToken"] = "Bearer " + path.read_text().strip()
-            state["mtime"] = mtime
-
-    refresh(conf)
-    conf.refresh_api_key_hook = refresh
