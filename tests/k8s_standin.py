@@ -1,32 +1,40 @@
 """A local stand-in for the Kubernetes API server, for the Kubernetes connector's tests.
 
 No API server can run here, so this serves the few endpoints the connector uses, over real HTTP
-on a free loopback port, with the API server's semantics for them:
+on a free loopback port, with the API server's semantics for them (the rules themselves are in
+tests/k8s_api_rules.py):
 
-- `GET /apis/{group}/{version}/namespaces/{ns}/{plural}[/{name}[/scale]]` and `PATCH` of an
-  object or of its `scale` subresource (for resource types registered with scale paths, like a
-  CRD's `subresources.scale`);
+- custom resources, `GET /apis/{group}/{version}/namespaces/{ns}/{plural}[/{name}[/scale]]`
+  and `PATCH` of an object or of its `scale` subresource (for resource types registered with
+  scale paths, like a CRD's `subresources.scale`);
+- pods of the core API, `GET /api/v1/namespaces/{ns}/pods` (with an equality-based
+  `labelSelector`: `k=v`, `k==v`, `k!=v`, `k`, `!k`, comma-separated) and `GET` / `PATCH` of
+  `/api/v1/namespaces/{ns}/pods/{name}`;
 - errors as `Status` objects (`kind: Status`, `status: Failure`, `reason`, `code`, `details`):
   401 Unauthorized (wrong bearer token, when one is required), 403 Forbidden (per verb and
   resource, to simulate missing RBAC, checked before the object is looked up, as the real
   authorizer does), 404 NotFound (object missing: details name it; resource type unknown: "the
   server could not find the requested resource" with empty details), 405, 400 for bodies that
   do not parse, 409 Conflict (a stale `metadata.resourceVersion` precondition in the patch, or
-  injected with `fail_next_patches`), 415 UnsupportedMediaType for a PATCH content type that
-  custom resources do not accept (strategic merge patch included), 422 Invalid for negative or
-  non-integer replicas;
+  injected with `fail_next_patches`), 415 UnsupportedMediaType for a PATCH content type the
+  type does not accept (strategic merge patch is for core types only, as custom resources have
+  no patch-merge keys), 422 Invalid for negative or non-integer replicas;
 - `application/merge-patch+json` (RFC 7386: objects merge, `null` deletes, anything else
   replaces) and `application/json-patch+json` (RFC 6902 add / remove / replace / test) are
-  applied to the stored object; `application/apply-patch+yaml` (server-side apply) is accepted
-  by the real API but not by this stand-in (415, saying so);
+  applied to the stored object, and for pods `application/strategic-merge-patch+json` made of
+  maps (where it is a merge patch); strategic patches of lists or with `$` directives, and
+  `application/apply-patch+yaml` (server-side apply), are accepted by the real API but not by
+  this stand-in (415, saying so);
 - the status subresource is on: a patch of the main resource leaves `.status` alone; a write
   that changes the object bumps `metadata.resourceVersion` (one counter for the whole server,
   like etcd's revision) and, when anything outside metadata and status changed,
   `metadata.generation`; a patch that changes nothing bumps nothing (as the real API).
 
-Every request is recorded (method, path, query, content type, parsed body) for assertions, and
+Every request is recorded (method, path, query, content type, parsed body) for assertions;
 `hold_next_request()` parks the next request until the test releases it, to show that a caller
-keeps running while a call is in flight.
+keeps running while a call is in flight; `fail_next_reads()` and `delay_next_reads()` make reads
+fail or answer only after a while (an API server overloaded or hung), `fail_next_patches()`
+makes writes fail.
 """
 
 from __future__ import annotations
@@ -44,37 +52,32 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-MERGE_PATCH = "application/merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
-APPLY_PATCH = "application/apply-patch+yaml"
-STRATEGIC_PATCH = "application/strategic-merge-patch+json"
-_ACCEPTED_PATCH_TYPES = (JSON_PATCH, MERGE_PATCH, APPLY_PATCH)
-
-
-@dataclass(frozen=True)
-class ResourceType:
-    """A served resource type, like an installed CRD."""
-
-    group: str
-    version: str
-    kind: str
-    plural: str
-    # The CRD's subresources.scale paths (dotted, without the leading dot); None: no scale.
-    scale_spec_path: str | None = None
-    scale_status_path: str | None = None
-    scale_selector_path: str | None = None
-
-
-DGD = ResourceType("nvidia.com", "v1alpha1", "DynamoGraphDeployment", "dynamographdeployments")
-DGDSA = ResourceType(
-    "nvidia.com",
-    "v1alpha1",
-    "DynamoGraphDeploymentScalingAdapter",
-    "dynamographdeploymentscalingadapters",
-    scale_spec_path="spec.replicas",
-    scale_status_path="status.replicas",
-    scale_selector_path="status.selector",
+from tests.k8s_api_rules import (
+    APPLY_PATCH,
+    DGD,
+    DGDSA,
+    MERGE_PATCH,
+    POD,
+    STRATEGIC_PATCH,
+    ApiError,
+    ResourceType,
+    Route,
+    apply_patch,
+    conflict,
+    forbidden,
+    get_path,
+    label_selector,
+    not_found,
+    not_served,
+    parse_route,
+    scale_of,
+    selects,
+    set_path,
+    valid_replicas,
+    validate,
 )
+
+__all__ = ["DGD", "DGDSA", "MERGE_PATCH", "POD", "STRATEGIC_PATCH", "KubeStandIn", "ResourceType"]
 
 
 @dataclass(frozen=True)
@@ -101,114 +104,6 @@ class Hold:
         self.released.set()
 
 
-class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-        self.message = message
-        self.details = details or {}
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "details": self.details,
-            "code": self.code,
-        }
-
-
-def _not_served() -> ApiError:
-    return ApiError(404, "NotFound", "the server could not find the requested resource")
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON Merge Patch."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
-
-def _pointer(path: str) -> list[str]:
-    if path == "":
-        return []
-    if not path.startswith("/"):
-        raise ValueError(f"invalid JSON pointer {path!r}")
-    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
-
-
-def json_patch(target: Any, operations: Any) -> Any:
-    """RFC 6902 JSON Patch, the operations add, remove, replace and test."""
-    if not isinstance(operations, list):
-        raise ValueError("a JSON patch is a list of operations")
-    doc = copy.deepcopy(target)
-    for op in operations:
-        if not isinstance(op, dict) or "op" not in op or "path" not in op:
-            raise ValueError(f"invalid operation {op!r}")
-        parts = _pointer(op["path"])
-        if not parts:
-            raise ValueError("operations on the whole document are not supported")
-        parent = doc
-        for part in parts[:-1]:
-            parent = parent[int(part)] if isinstance(parent, list) else parent[part]
-        last = parts[-1]
-        kind = op["op"]
-        if kind == "test":
-            current = parent[int(last)] if isinstance(parent, list) else parent.get(last, object())
-            if current != op.get("value"):
-                raise LookupError(f"test failed at {op['path']}")
-        elif kind == "remove":
-            if isinstance(parent, list):
-                del parent[int(last)]
-            else:
-                del parent[last]
-        elif kind in ("add", "replace"):
-            if isinstance(parent, list):
-                index = len(parent) if last == "-" else int(last)
-                if kind == "add":
-                    parent.insert(index, copy.deepcopy(op["value"]))
-                else:
-                    parent[index] = copy.deepcopy(op["value"])
-            else:
-                if kind == "replace" and last not in parent:
-                    raise KeyError(last)
-                parent[last] = copy.deepcopy(op["value"])
-        else:
-            raise ValueError(f"unsupported operation {kind!r}")
-    return doc
-
-
-def _get_path(obj: dict[str, Any], dotted: str) -> Any:
-    node: Any = obj
-    for part in dotted.split("."):
-        if not isinstance(node, dict):
-            return None
-        node = node.get(part)
-    return node
-
-
-def _set_path(obj: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    node = obj
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value
-
-
-def _valid_replicas(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 class KubeStandIn:
     """Start with `with KubeStandIn() as api:`; `api.url` is the server address."""
 
@@ -216,7 +111,7 @@ class KubeStandIn:
         self,
         *,
         token: str | None = None,
-        resources: tuple[ResourceType, ...] = (DGD, DGDSA),
+        resources: tuple[ResourceType, ...] = (DGD, DGDSA, POD),
         user: str = "system:serviceaccount:dynamo:planner",
     ) -> None:
         self.token = token
@@ -227,7 +122,9 @@ class KubeStandIn:
         self._forbidden: set[tuple[str, str]] = set()
         self._failures: list[tuple[int, str | None]] = []
         self._read_failures: list[int] = []
+        self._read_delays_s: list[float] = []
         self._holds: list[Hold] = []
+        self._stopping = threading.Event()
         self._revision = 1000
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
@@ -246,6 +143,7 @@ class KubeStandIn:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()  # delayed reads answer at once
         with self._lock:
             for hold in self._holds:
                 hold.release()
@@ -277,24 +175,52 @@ class KubeStandIn:
         return str(self._revision)
 
     def put(self, plural: str, namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
-        """Create or replace an object (as `kubectl apply` would); returns the stored copy."""
+        """Create or replace an object (as `kubectl apply` would); returns the stored copy. A
+        `metadata.uid` given is kept (a pod's uid is what a caller may know it by)."""
         rtype = self._type(plural)
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         name = meta["name"]
         with self._lock:
-            old = self._objects.get((rtype.plural, namespace, name, rtype.group))
-            obj["apiVersion"] = f"{rtype.group}/{rtype.version}"
+            old = (self._objects.get((rtype.plural, namespace, name, rtype.group)) or {}).get("metadata", {})
+            obj["apiVersion"] = rtype.api_version
             obj["kind"] = rtype.kind
             meta["namespace"] = namespace
-            meta["uid"] = (old or {}).get("metadata", {}).get("uid") or str(uuid.uuid4())
-            meta["creationTimestamp"] = (old or {}).get("metadata", {}).get("creationTimestamp") or (
+            meta["uid"] = meta.get("uid") or old.get("uid") or str(uuid.uuid4())
+            meta["creationTimestamp"] = old.get("creationTimestamp") or (
                 datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             )
-            meta["generation"] = (old or {}).get("metadata", {}).get("generation", 0) + 1
+            meta["generation"] = old.get("generation", 0) + 1
             meta["resourceVersion"] = self._next_revision()
             self._objects[(rtype.plural, namespace, name, rtype.group)] = obj
             return copy.deepcopy(obj)
+
+    def put_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        labels: dict[str, str],
+        uid: str | None = None,
+        ready: bool = True,
+        annotations: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """A running pod (as a controller creates it), Ready or not; returns the stored copy."""
+        condition = {"type": "Ready", "status": "True" if ready else "False"}
+        meta: dict[str, Any] = {"name": name, "labels": dict(labels)}
+        if uid is not None:
+            meta["uid"] = uid
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        return self.put(
+            POD.plural,
+            namespace,
+            {
+                "metadata": meta,
+                "spec": {"containers": [{"name": "main", "image": "stand-in"}]},
+                "status": {"phase": "Running", "conditions": [condition]},
+            },
+        )
 
     def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         rtype = self._type(plural)
@@ -330,6 +256,16 @@ class KubeStandIn:
         overloaded or restarting)."""
         with self._lock:
             self._read_failures.extend([code] * count)
+
+    def delay_next_reads(self, count: int, seconds: float) -> None:
+        """Answer the next `count` GET requests of an object only after `seconds` (an API server
+        that hangs: a caller with a shorter timeout gives up first)."""
+        with self._lock:
+            self._read_delays_s.extend([seconds] * count)
+
+    def pending_read_delays(self) -> int:
+        with self._lock:
+            return len(self._read_delays_s)
 
     def hold_next_request(
         self, timeout_s: float = 10.0, *, match: Callable[[RecordedRequest], bool] | None = None
@@ -369,92 +305,93 @@ class KubeStandIn:
             body=body,
             authorization=headers.get("authorization"),
         )
+        delay_s = 0.0
         with self._lock:
             self.requests.append(request)
             hold = next((h for h in self._holds if h.match is None or h.match(request)), None)
             if hold is not None:
                 self._holds.remove(hold)
+            if method == "GET" and self._read_delays_s and _names_an_object(split.path):
+                delay_s = self._read_delays_s.pop(0)
         if hold is not None:
             hold.arrived.set()
             if not hold.released.wait(hold.timeout_s):
                 hold.timed_out = True
+        if delay_s:
+            self._stopping.wait(delay_s)
         try:
-            return 200, self._dispatch(method, split.path, headers, content_type, raw_body)
+            return 200, self._dispatch(method, split.path, request.query, headers, content_type, raw_body)
         except ApiError as err:
             return err.code, err.status()
 
     def _dispatch(
-        self, method: str, path: str, headers: dict[str, str], content_type: str | None, raw_body: bytes
+        self,
+        method: str,
+        path: str,
+        query: dict[str, str],
+        headers: dict[str, str],
+        content_type: str | None,
+        raw_body: bytes,
     ) -> dict[str, Any]:
         if self.token is not None and headers.get("authorization") != f"Bearer {self.token}":
             raise ApiError(401, "Unauthorized", "Unauthorized")
-        parts = [p for p in path.split("/") if p]
-        # apis / group / version / namespaces / ns / plural [/ name [/ subresource]]
-        if len(parts) < 6 or len(parts) > 8 or parts[0] != "apis" or parts[3] != "namespaces":
-            raise _not_served()
-        group, version, namespace, plural = parts[1], parts[2], parts[4], parts[5]
-        name = parts[6] if len(parts) > 6 else None
-        sub = parts[7] if len(parts) > 7 else None
-        rtype = self.resources.get((group, version, plural))
+        route = parse_route(path)
+        name, sub = route.name, route.sub
+        rtype = self.resources.get((route.group, route.version, route.plural))
         if rtype is None or (sub is not None and (sub != "scale" or rtype.scale_spec_path is None)):
-            raise _not_served()
+            raise not_served()
         verb = {"GET": "get" if name else "list", "PATCH": "patch"}.get(method)
         if verb is None or (verb == "patch" and name is None):
             raise ApiError(
                 405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
             )
-        resource = f"{plural}/{sub}" if sub else plural
+        resource = f"{rtype.plural}/{sub}" if sub else rtype.plural
         if (verb, resource) in self._forbidden:
-            target = f'{plural}.{group} "{name}"' if name else f"{plural}.{group}"
-            raise ApiError(
-                403,
-                "Forbidden",
-                f'{target} is forbidden: User "{self.user}" cannot {verb} resource "{resource}" '
-                f'in API group "{group}" in the namespace "{namespace}"',
-                {"name": name, "group": group, "kind": plural} if name else {"group": group, "kind": plural},
-            )
+            raise forbidden(rtype, route, verb, resource, self.user)
         with self._lock:
             if name is None:
-                items = [
-                    copy.deepcopy(o)
-                    for (p, ns, _, g), o in sorted(self._objects.items())
-                    if p == plural and ns == namespace and g == group
-                ]
-                return {
-                    "apiVersion": f"{group}/{version}",
-                    "kind": f"{rtype.kind}List",
-                    "metadata": {"resourceVersion": str(self._revision)},
-                    "items": items,
-                }
+                return self._list(rtype, route, query.get("labelSelector", ""))
             if method == "PATCH":
-                patch = self._parse_patch(content_type, raw_body)
-            key = (plural, namespace, name, group)
+                patch = self._parse_patch(rtype, content_type, raw_body)
+            key = (rtype.plural, route.namespace, name, rtype.group)
             obj = self._objects.get(key)
             if obj is None:
-                raise ApiError(
-                    404,
-                    "NotFound",
-                    f'{plural}.{group} "{name}" not found',
-                    {"name": name, "group": group, "kind": plural},
-                )
+                raise not_found(rtype, name)
             if method == "GET":
                 if self._read_failures:
                     code = self._read_failures.pop(0)
                     raise ApiError(code, HTTPStatus(code).phrase.replace(" ", ""), f"injected failure {code}")
-                return self._scale_of(rtype, obj) if sub else copy.deepcopy(obj)
-            self._injected_failure(resource, plural, group, name)
+                return scale_of(rtype, obj) if sub else copy.deepcopy(obj)
+            self._injected_failure(rtype, resource, name)
             if sub:
                 return self._patch_scale(rtype, obj, content_type or "", patch)
             return self._patch_object(rtype, key, obj, content_type or "", patch)
 
-    def _parse_patch(self, content_type: str | None, raw_body: bytes) -> Any:
+    def _list(self, rtype: ResourceType, route: Route, selector: str) -> dict[str, Any]:
+        terms = label_selector(selector)
+        items = [
+            copy.deepcopy(o)
+            for (p, ns, _, g), o in sorted(self._objects.items())
+            if p == rtype.plural
+            and ns == route.namespace
+            and g == rtype.group
+            and selects(terms, o["metadata"].get("labels") or {})
+        ]
+        return {
+            "apiVersion": rtype.api_version,
+            "kind": f"{rtype.kind}List",
+            "metadata": {"resourceVersion": str(self._revision)},
+            "items": items,
+        }
+
+    def _parse_patch(self, rtype: ResourceType, content_type: str | None, raw_body: bytes) -> Any:
         media = (content_type or "").split(";")[0].strip().lower()
-        if media not in _ACCEPTED_PATCH_TYPES:
+        if media not in rtype.patch_types:
             raise ApiError(
                 415,
                 "UnsupportedMediaType",
                 f"the body of the request was in an unknown format - accepted media types include: "
-                f"{', '.join(_ACCEPTED_PATCH_TYPES)}",
+                f"{', '.join(rtype.patch_types)}",
             )
         if media == APPLY_PATCH:
             raise ApiError(
@@ -465,59 +402,27 @@ class KubeStandIn:
         except ValueError as exc:
             raise ApiError(400, "BadRequest", f"error decoding patch: {exc}") from None
 
-    def _injected_failure(self, resource: str, plural: str, group: str, name: str) -> None:
+    def _injected_failure(self, rtype: ResourceType, resource: str, name: str) -> None:
         for index, (code, only) in enumerate(self._failures):
             if only is None or only == resource:
                 del self._failures[index]
                 if code == 409:
-                    raise ApiError(
-                        409,
-                        "Conflict",
-                        f'Operation cannot be fulfilled on {plural}.{group} "{name}": the object has been '
-                        "modified; please apply your changes to the latest version and try again",
-                        {"name": name, "group": group, "kind": plural},
-                    )
+                    raise conflict(rtype, name)
                 raise ApiError(code, HTTPStatus(code).phrase.replace(" ", ""), f"injected failure {code}")
-
-    def _apply(self, media: str, current: dict[str, Any], patch: Any) -> dict[str, Any]:
-        media = media.split(";")[0].strip().lower()
-        if media == MERGE_PATCH:
-            if not isinstance(patch, dict):
-                raise ApiError(400, "BadRequest", "a merge patch of an object must be a JSON object")
-            return merge_patch(current, patch)
-        try:
-            result = json_patch(current, patch)
-        except LookupError as exc:  # a failed test operation, a missing path or index
-            raise ApiError(
-                422, "Invalid", f"the server rejected our request due to an error in our request: {exc}"
-            ) from None
-        except (ValueError, TypeError) as exc:
-            raise ApiError(400, "BadRequest", f"invalid JSON patch: {exc}") from None
-        if not isinstance(result, dict):
-            raise ApiError(400, "BadRequest", "a JSON patch must leave an object")
-        return result
 
     def _check_precondition(
         self, patched: dict[str, Any], current: dict[str, Any], rtype: ResourceType
     ) -> None:
         """A `metadata.resourceVersion` in the patch is a precondition on the stored object."""
         wanted = (patched.get("metadata") or {}).get("resourceVersion")
-        have = current["metadata"]["resourceVersion"]
-        if wanted is not None and wanted != have:
-            plural, group, name = rtype.plural, rtype.group, current["metadata"]["name"]
-            raise ApiError(
-                409,
-                "Conflict",
-                f'Operation cannot be fulfilled on {plural}.{group} "{name}": the object has been modified; '
-                "please apply your changes to the latest version and try again",
-                {"name": name, "group": group, "kind": plural},
-            )
+        if wanted is not None and wanted != current["metadata"]["resourceVersion"]:
+            raise conflict(rtype, current["metadata"]["name"])
 
     def _patch_object(
         self, rtype: ResourceType, key: tuple[str, str, str, str], obj: dict[str, Any], media: str, patch: Any
     ) -> dict[str, Any]:
         name = obj["metadata"]["name"]
-        patched = self._apply(media, obj, patch)
+        patched = apply_patch(media, obj, patch)
         self._check_precondition(patched, obj, rtype)
         meta = patched.get("metadata") if isinstance(patched.get("metadata"), dict) else {}
         if meta.get("name", name) != name or meta.get("namespace", obj["metadata"]["namespace"]) != key[1]:
@@ -531,7 +436,7 @@ class KubeStandIn:
             patched["status"] = copy.deepcopy(obj["status"])
         else:
             patched.pop("status", None)
-        self._validate(rtype, patched)
+        validate(rtype, patched)
         if patched == obj:
             return copy.deepcopy(obj)
         outside = {k: v for k, v in patched.items() if k not in ("metadata", "status")}
@@ -542,56 +447,15 @@ class KubeStandIn:
         self._objects[key] = patched
         return copy.deepcopy(patched)
 
-    def _validate(self, rtype: ResourceType, obj: dict[str, Any]) -> None:
-        """The bits of the CRDs' schemas the tests rely on: replicas are non-negative integers."""
-        problems = []
-        if rtype.scale_spec_path is not None:
-            value = _get_path(obj, rtype.scale_spec_path)
-            if value is not None and not _valid_replicas(value):
-                problems.append(f"{rtype.scale_spec_path}: Invalid value: {value!r}")
-        services = (obj.get("spec") or {}).get("services") if rtype.plural == DGD.plural else None
-        for service, spec in (services or {}).items():
-            value = (spec or {}).get("replicas")
-            if value is not None and not _valid_replicas(value):
-                problems.append(f"spec.services.{service}.replicas: Invalid value: {value!r}")
-        if problems:
-            name = obj["metadata"]["name"]
-            raise ApiError(
-                422,
-                "Invalid",
-                f'{rtype.kind}.{rtype.group} "{name}" is invalid: {"; ".join(problems)}',
-                {"name": name, "group": rtype.group, "kind": rtype.kind},
-            )
-
-    def _scale_of(self, rtype: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
-        assert rtype.scale_spec_path is not None
-        status: dict[str, Any] = {"replicas": _get_path(obj, rtype.scale_status_path or "") or 0}
-        if rtype.scale_selector_path and _get_path(obj, rtype.scale_selector_path):
-            status["selector"] = _get_path(obj, rtype.scale_selector_path)
-        meta = obj["metadata"]
-        return {
-            "kind": "Scale",
-            "apiVersion": "autoscaling/v1",
-            "metadata": {
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "uid": meta["uid"],
-                "resourceVersion": meta["resourceVersion"],
-                "creationTimestamp": meta["creationTimestamp"],
-            },
-            "spec": {"replicas": _get_path(obj, rtype.scale_spec_path) or 0},
-            "status": status,
-        }
-
     def _patch_scale(
         self, rtype: ResourceType, obj: dict[str, Any], media: str, patch: Any
     ) -> dict[str, Any]:
         assert rtype.scale_spec_path is not None
-        scale = self._scale_of(rtype, obj)
-        patched = self._apply(media, scale, patch)
+        scale = scale_of(rtype, obj)
+        patched = apply_patch(media, scale, patch)
         self._check_precondition(patched, obj, rtype)
         replicas = (patched.get("spec") or {}).get("replicas")
-        if not _valid_replicas(replicas):
+        if not valid_replicas(replicas):
             raise ApiError(
                 422,
                 "Invalid",
@@ -599,11 +463,18 @@ class KubeStandIn:
                 f"Invalid value: {replicas!r}: must be greater than or equal to 0",
                 {"name": obj["metadata"]["name"], "group": "autoscaling", "kind": "Scale"},
             )
-        if replicas != _get_path(obj, rtype.scale_spec_path):
-            _set_path(obj, rtype.scale_spec_path, replicas)
+        if replicas != get_path(obj, rtype.scale_spec_path):
+            set_path(obj, rtype.scale_spec_path, replicas)
             obj["metadata"]["generation"] += 1
             obj["metadata"]["resourceVersion"] = self._next_revision()
-        return self._scale_of(rtype, obj)
+        return scale_of(rtype, obj)
+
+
+def _names_an_object(path: str) -> bool:
+    try:
+        return parse_route(path).name is not None
+    except ApiError:
+        return False
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -617,11 +488,14 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {k.lower(): v for k, v in self.headers.items()}
         code, payload = self.standin.handle(self.command, self.path, headers, raw_body)
         data = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the caller stopped waiting (its timeout ran out before a delayed answer)
 
     do_GET = do_PATCH = do_POST = do_PUT = do_DELETE = _serve
 

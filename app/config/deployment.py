@@ -80,6 +80,12 @@ class KubernetesConnectorConfig(Strict):
         default=None, description="an explicit API server URL (a local stand-in, a proxy)"
     )
     token_file: str | None = Field(default=None, description="bearer token file for api_server")
+    request_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="each Kubernetes API call gives up after this long (s); a read that times out "
+        "misses the tick's inventory, a write fails the decision",
+    )
     ack_timeout_s: float = Field(default=1800.0, gt=0, description=_ACK_TIMEOUT)
 
 

@@ -31,6 +31,11 @@ The resourceVersion makes the patch conditional on the DGD we read (Ready, curre
 concurrent change answers 409, and the connector reads again and retries, a bounded number of
 times. Every API call runs in a worker thread (`asyncio.to_thread`): the official client blocks.
 
+Choosing which engines go: when a role goes down and the planner names the engines it would
+rather lose, their pods get a `controller.kubernetes.io/pod-deletion-cost` first (the first named
+the lowest), so that the ReplicaSet controller removes them (`deletion_cost.py`). Advisory: a
+failure there is logged and the replicas are set all the same.
+
 Errors become `ConnectorError` naming the DGD, the service and, for 403, the RBAC verb and
 resource to grant.
 """
@@ -39,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,6 +55,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from app.config import KubernetesConnectorConfig
+from app.connectors.deletion_cost import write_deletion_costs
 from app.connectors.dgd import (
     adapter_name,
     describe_services,
@@ -60,6 +66,7 @@ from app.connectors.dgd import (
     service_gpus,
     status_body,
 )
+from app.connectors.kube_client import NoRetryAfterTimeout, timed_out, use_token_file
 from app.core.errors import ConnectorError, ConnectorNotReadyError
 from app.core.types import Replicas, Role
 
@@ -86,15 +93,19 @@ class KubernetesConnector:
         *,
         roles: tuple[Role, ...],
         conflict_retries: int = 3,
-        request_timeout_s: float = 30.0,
+        request_timeout_s: float | None = None,
     ) -> None:
+        """`request_timeout_s`: each API call's timeout; default the config's."""
         if not roles:
             raise ValueError("roles must name at least one role")
         self.config = config
         self.roles = roles
         self.conflict_retries = conflict_retries
-        self.request_timeout_s = request_timeout_s
+        self.request_timeout_s = (
+            request_timeout_s if request_timeout_s is not None else config.request_timeout_s
+        )
         self._api: k8s_client.CustomObjectsApi | None = None
+        self._core: k8s_client.CoreV1Api | None = None
         self._api_client: k8s_client.ApiClient | None = None
         self._namespace: str | None = config.namespace
         self._init_lock = asyncio.Lock()
@@ -142,7 +153,12 @@ class KubernetesConnector:
             counts[role] = value
         return counts
 
-    async def set_replicas(self, targets: Replicas) -> None:
+    async def set_replicas(
+        self, targets: Replicas, remove: Mapping[Role, Sequence[str]] | None = None
+    ) -> None:
+        """Set each role's replicas. `remove[role]`: the engines (worker ids: pod names or uids)
+        the planner would rather lose first when that role goes down, in order; their pods get a
+        deletion cost before the replicas change. Without it no pod is read or written."""
         unknown = sorted(set(targets) - set(self.roles))
         if unknown:
             raise ConnectorError(
@@ -152,6 +168,7 @@ class KubernetesConnector:
         bad = {r: n for r, n in targets.items() if isinstance(n, bool) or not isinstance(n, int) or n < 0}
         if bad:
             raise ConnectorError(f"{self._where()}: replica targets must be counts >= 0, got {bad}")
+        chosen = False
         for attempt in range(self.conflict_retries + 1):
             dgd = await self._get_dgd()
             if not is_ready(dgd):
@@ -161,6 +178,10 @@ class KubernetesConnector:
                     f"{self._where()} is not Ready ({ready_reason(dgd)}): not scaled yet"
                 )
             names = self._resolve_services(dgd)
+            if remove and not chosen:
+                # Once per call: a conflict retry repeats the replica write, not the annotations.
+                chosen = True
+                await self._choose_removals(dgd, names, targets, remove)
             try:
                 await self._apply(dgd, {names[role]: n for role, n in targets.items()})
                 return
@@ -183,7 +204,7 @@ class KubernetesConnector:
     async def close(self) -> None:
         if self._api_client is not None:
             await asyncio.to_thread(self._api_client.close)
-            self._api_client = self._api = None
+            self._api_client = self._api = self._core = None
 
     # --- scaling -----------------------------------------------------------------------------
 
@@ -244,6 +265,43 @@ class KubernetesConnector:
             self._where(),
             " ".join(f"spec.services.{s}.replicas={n}" for s, n in fallback.items()),
         )
+
+    async def _choose_removals(
+        self,
+        dgd: dict[str, Any],
+        names: dict[Role, str],
+        targets: Replicas,
+        remove: Mapping[Role, Sequence[str]],
+    ) -> None:
+        """Deletion costs on the pods the planner names, for each role going down (target below
+        the service's `spec.replicas`); raising or keeping a role touches no pod."""
+        services = self._services(dgd)
+        unmatched: dict[Role, int] = {}
+        for role, target in targets.items():
+            victims = list(remove.get(role) or ())
+            current = services[names[role]].get("replicas")
+            if not victims or not isinstance(current, int) or target >= current:
+                continue
+            assert self._core is not None
+            missing = await write_deletion_costs(
+                self._core,
+                namespace=self._ns(),
+                dgd_name=self.config.dgd_name,
+                service=names[role],
+                victims=victims,
+                timeout_s=self.request_timeout_s,
+                where=self._where(),
+            )
+            if missing:
+                unmatched[role] = missing
+        if unmatched:
+            log.info(
+                "%s: %d engines named for removal match no pod by name or uid (%s): "
+                "the controller chooses in their place",
+                self._where(),
+                sum(unmatched.values()),
+                ", ".join(f"{role}: {n}" for role, n in unmatched.items()),
+            )
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -311,6 +369,7 @@ class KubernetesConnector:
                 self._namespace = namespace
                 self._api_client = api_client
                 self._api = k8s_client.CustomObjectsApi(api_client)
+                self._core = k8s_client.CoreV1Api(api_client)
 
     def _build_client(self) -> tuple[k8s_client.ApiClient, str]:
         """In a worker thread: files are read here. An explicit `api_server` wins, then an
@@ -321,7 +380,7 @@ class KubernetesConnector:
             if cfg.api_server:
                 conf.host = cfg.api_server.rstrip("/")
                 if cfg.token_file:
-                    _use_token_file(conf, Path(cfg.token_file))
+                    use_token_file(conf, Path(cfg.token_file))
                 ca = SERVICE_ACCOUNT_DIR / "ca.crt"
                 if conf.host.startswith("https://") and ca.is_file():
                     conf.ssl_ca_cert = str(ca)
@@ -343,6 +402,7 @@ class KubernetesConnector:
                 namespace = (SERVICE_ACCOUNT_DIR / "namespace").read_text().strip() or None
             except OSError:
                 namespace = None
+        conf.retries = NoRetryAfterTimeout(3)
         return k8s_client.ApiClient(conf), namespace or "default"
 
     async def _call(
@@ -367,6 +427,11 @@ class KubernetesConnector:
             raise self._translate(exc, verb=verb, resource=resource, name=name) from None
         except urllib3.exceptions.HTTPError as exc:
             host = self._api_client.configuration.host if self._api_client else "?"
+            if timed_out(exc):
+                raise ConnectorError(
+                    f"{self._where()}: the Kubernetes API at {host} did not answer {verb} {resource} "
+                    f"{name!r} within {kwargs['_request_timeout']:g} s (request_timeout_s)"
+                ) from None
             raise ConnectorError(
                 f"{self._where()}: cannot reach the Kubernetes API at {host} ({type(exc).__name__}: {exc})"
             ) from None
@@ -396,18 +461,3 @@ class KubernetesConnector:
         return ConnectorError(
             f"{self._where()}: {verb} {resource} {name!r} failed with HTTP {exc.status}: {message}"
         )
-
-
-def _use_token_file(conf: k8s_client.Configuration, path: Path) -> None:
-    """Send `Authorization: Bearer <token>` read from `path`, again whenever the file changes
-    (projected service-account tokens rotate). The hook runs inside the API call's thread."""
-    state: dict[str, Any] = {"mtime": None}
-
-    def refresh(c: k8s_client.Configuration) -> None:
-        mtime = path.stat().st_mtime_ns
-        if mtime != state["mtime"]:
-            c.api_key["BearerToken"] = "Bearer " + path.read_text().strip()
-            state["mtime"] = mtime
-
-    refresh(conf)
-    conf.refresh_api_key_hook = refresh

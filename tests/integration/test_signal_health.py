@@ -2,10 +2,12 @@
 garbage (scraped over HTTP), a real Prometheus stopped and restarted, an engine's
 ForwardPassMetrics publisher falling silent (a process publishing over ZMQ, killed, then another
 on its endpoint) and then sending only malformed messages, and the Kubernetes API stand-in
-answering 500 to reads. For each: three ticks without the signal make it unavailable
-(`dynamo_planner_signal_unavailable`, `dynamo_planner_degraded_signals_total`, `/readyz`, the
-tick record), no count is lowered meanwhile, and the planner recovers by itself once the
-component answers again."""
+answering 500 to reads or not answering within the connector's `request_timeout_s`. For each:
+three ticks without the signal make it unavailable (`dynamo_planner_signal_unavailable`,
+`dynamo_planner_degraded_signals_total`, `/readyz`, the tick record), no count is lowered
+meanwhile, and the planner recovers by itself once the component answers again. And a write the
+API server keeps refusing (409 Conflict on the replica patch) fails its decision, which the next
+tick decides again."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from app.sim.world.frontend import FrontendCounters
 from app.sources.frontend_scrape import FrontendScrapeSource
 from app.workers.signals import SIGNAL_MISSES
 from tests.integration.test_fpm_zmq import spawn  # noqa: F401  (fixture)
-from tests.integration.test_kubernetes_connector import NS, TOKEN, connector_settings, dgd_object
+from tests.integration.test_kubernetes_connector import NAME, NS, TOKEN, connector_settings, dgd_object
+from tests.integration.test_kubernetes_worker import eventually, replicas
 from tests.k8s_standin import DGD, KubeStandIn
 from tests.support import REPO_ROOT, demo_config
 from tests.support_frontend import (
@@ -158,6 +161,96 @@ async def test_the_kubernetes_api_failing_holds_the_counts_and_recovers(make_api
 
         record = await tick()
         assert record["signals"] == {"read": {"inventory": True}, "unavailable": []}
+        assert await metric(api, "dynamo_planner_signal_unavailable", "inventory") == 0.0
+
+
+@pytest.mark.timeout(120)
+async def test_the_kubernetes_api_timing_out_holds_the_counts_and_recovers(make_api, tmp_path: Path) -> None:
+    """The API server takes longer than `request_timeout_s` to answer: each tick's read gives up
+    after that long (one read, no retries within the call), which is a missing inventory."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    with KubeStandIn(token=TOKEN) as standin:
+        standin.put(DGD.plural, NS, dgd_object())
+        connector = {**connector_settings(standin, token_file), "request_timeout_s": 1}
+        api = await make_api(demo_config(connector=connector, throughput={"interval_s": TICK_S}))
+        worker = api.app.state.workers["demo"]
+        await worker.wait_until_ready()
+
+        async def tick() -> dict[str, Any]:
+            api.clock.advance(TICK_S)
+            await worker.run_tick(api.clock.now())
+            return await last_record(api)
+
+        assert (await tick())["signals"]["read"]["inventory"] is True
+        # Far longer than the timeout; the stand-in lets them go when it stops.
+        standin.delay_next_reads(SIGNAL_MISSES, seconds=60)
+        for n in range(1, SIGNAL_MISSES + 1):
+            record = await tick()
+            assert record["signals"]["read"]["inventory"] is False, n
+            assert (record["signals"]["unavailable"] == ["inventory"]) == (n >= SIGNAL_MISSES), n
+        assert standin.pending_read_delays() == 0, "one read per tick, none retried"
+        assert "did not answer get dynamographdeployments 'llm' within 1 s" in (worker.inventory_error or "")
+        assert await metric(api, "dynamo_planner_signal_unavailable", "inventory") == 1.0
+        assert await metric(api, "dynamo_planner_degraded_signals_total", "inventory") == 1.0
+        status, reasons = await readiness(api)
+        assert status == 503 and any(r.startswith("signals unavailable: inventory") for r in reasons), reasons
+        assert standin.patches() == [], "nothing is written while what runs is unknown"
+
+        record = await tick()  # the API server answers in time again
+        assert record["signals"] == {"read": {"inventory": True}, "unavailable": []}
+        assert await metric(api, "dynamo_planner_signal_unavailable", "inventory") == 0.0
+        _, reasons = await readiness(api)
+        assert not [r for r in reasons if r.startswith("signals unavailable")], reasons
+
+
+@pytest.mark.timeout(120)
+async def test_a_replica_patch_refused_with_409_fails_the_decision_and_the_next_tick_decides_again(
+    make_api, tmp_path: Path
+) -> None:
+    """The DGD keeps changing under the planner (409 Conflict on every attempt of a call): the
+    decision fails with the conflict, no signal is affected, and the next tick decides the same
+    target again, which lands once the API server accepts."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    with KubeStandIn(token=TOKEN) as standin:
+        standin.put(DGD.plural, NS, dgd_object())
+        connector = connector_settings(standin, token_file)
+        api = await make_api(demo_config(connector=connector, throughput={"interval_s": TICK_S}))
+        worker = api.app.state.workers["demo"]
+        await worker.wait_until_ready()
+
+        async def tick() -> dict[str, Any]:
+            api.clock.advance(TICK_S)
+            await worker.run_tick(api.clock.now())
+            await eventually(lambda: not worker._actuations, "the hand-over to finish")
+            return await last_record(api)
+
+        await tick()  # takes the lease: this process hands decisions to the cluster
+        attempts = worker.connector.conflict_retries + 1
+        standin.fail_next_patches(attempts, code=409, resource=DGD.plural)
+        pin = {"deployment": "demo", "action": "pin", "num_prefill": 3, "num_decode": 5, "reason": "k8s"}
+        assert (await api.client.post("/override", json=pin)).status_code == 201
+        await eventually(lambda: not worker._actuations and standin.patches(), "the refused hand-over")
+
+        (first,) = await decisions(api)
+        assert first["status"] == "failed", first
+        assert first["message"] == (
+            f"kubernetes: DynamoGraphDeployment {NS}/{NAME}: still conflicting after {attempts} attempts "
+            "(the DGD keeps changing under the planner); giving up on this decision"
+        )
+        dgd_patches = [p for p in standin.patches() if p.path.endswith(f"/dynamographdeployments/{NAME}")]
+        assert len(dgd_patches) == attempts
+        assert replicas(standin) == {"PrefillWorker": 1, "DecodeWorker": 2}
+
+        record = await tick()  # the API server accepts again
+        assert record["verdict"].startswith("create"), record["verdict"]
+        assert record["signals"] == {"read": {"inventory": True}, "unavailable": []}
+        first_again, second = await decisions(api)
+        assert (first_again["id"], first_again["status"]) == (first["id"], "failed")
+        assert (second["num_prefill"], second["num_decode"], second["source"]) == (3, 5, "override")
+        assert (second["status"], second["observed"]) == ("succeeded", {"prefill": 3, "decode": 5}), second
+        assert replicas(standin) == {"PrefillWorker": 3, "DecodeWorker": 5}
         assert await metric(api, "dynamo_planner_signal_unavailable", "inventory") == 0.0
 
 

@@ -146,6 +146,18 @@ BAD_FILE_CASES = [
         ["deployments[0].connector.dgd_name:", "Field required"],
     ),
     BadFileCase(
+        "kubernetes_request_timeout_zero",
+        "an API call that may not take any time can never answer",
+        _mutated(_set("connector", {"type": "kubernetes", "dgd_name": "llm", "request_timeout_s": 0})),
+        ["deployments[0].connector.request_timeout_s:", "greater than 0"],
+    ),
+    BadFileCase(
+        "kubernetes_request_timeout_not_a_number",
+        "a timeout is a number of seconds",
+        _mutated(_set("connector", {"type": "kubernetes", "dgd_name": "llm", "request_timeout_s": "soon"})),
+        ["deployments[0].connector.request_timeout_s:", "number"],
+    ),
+    BadFileCase(
         "unknown_connector",
         "connectors are virtual, none and kubernetes",
         _mutated(_set("connector", {"type": "slurm"})),
