@@ -1,7 +1,8 @@
 """A decision that lowers a count names the engines to remove, from real engines' forward passes
 over ZMQ (`tests/fpm_publisher.py`): idle engines first, then the least work. Both ways a
 decision is made: an operator's pin (the route reads the engines' latest passes) and the tick
-(the core reads the same), and both reach an orchestrator in the decision's JSON."""
+(the core reads the same); both reach an orchestrator in the decision's JSON, and the
+Kubernetes connector turns them into pod deletion costs before it lowers the replicas."""
 
 from __future__ import annotations
 
@@ -10,13 +11,24 @@ from typing import Any
 
 import pytest
 
+from app.connectors.deletion_cost import DELETION_COST, DGD_LABEL, SERVICE_LABEL
 from tests.api.helpers import complete, override, pin
 from tests.integration.test_fpm_zmq import spawn  # noqa: F401  (fixture)
+from tests.integration.test_kubernetes_connector import (
+    NAME,
+    NS,
+    TOKEN,
+    connector_settings,
+    dgd_object,
+    disagg_services,
+)
+from tests.k8s_standin import DGD, POD, KubeStandIn
 from tests.support import REPO_ROOT, demo_config
 
 pytestmark = pytest.mark.anyio
 
 H200 = str(REPO_ROOT / "data" / "profiles" / "h200-llama3.1-8b-fp8")
+DECODE = "DecodeWorker"
 
 
 async def engines_seen(worker, expected: dict[str, bool]) -> None:  # type: ignore[no-untyped-def]
@@ -81,3 +93,59 @@ async def test_a_tick_that_lowers_a_count_names_idle_engines_first(make_api, spa
     assert (await wait_for(api, 1))["remove"] == IDLE_FIRST
     items = (await api.client.get("/diagnostics", params={"deployment": "demo", "limit": 1})).json()["items"]
     assert items[-1]["record"]["remove"] == IDLE_FIRST
+
+
+@pytest.mark.timeout(120)
+async def test_the_kubernetes_connector_passes_the_hint_to_the_pods(make_api, spawn, tmp_path) -> None:  # noqa: F811
+    """The whole way: engines whose worker ids are their pods' names publish forward passes; a pin
+    lowers decode from 3 to 1; the worker hands the decision to the Kubernetes connector, which
+    sets the idle pods' deletion cost, then lowers the replicas (the API stand-in records both)."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    busy = spawn("llm-decode-a", "--count", "1000000", "--rate", "200")
+    idle = spawn("llm-decode-b", "--mode", "heartbeats")
+    done = spawn("llm-decode-c", "--count", "3")
+    with KubeStandIn(token=TOKEN) as standin:
+        services = disagg_services()
+        services[DECODE]["replicas"] = 3
+        standin.put(DGD.plural, NS, dgd_object(services))
+        for pod in ("llm-decode-a", "llm-decode-b", "llm-decode-c"):
+            standin.put_pod(NS, pod, labels={DGD_LABEL: NAME, SERVICE_LABEL: DECODE}, uid=f"uid-{pod}")
+        api = await make_api(
+            demo_config(
+                connector=connector_settings(standin, token_file),
+                profile=H200,
+                scaling={"algorithm": "sla", "interval_s": 5.0},
+                sources={"fpm_endpoints": {"decode": [busy.endpoint, idle.endpoint, done.endpoint]}},
+            )
+        )
+        worker = api.app.state.workers["demo"]
+        for subscriber in worker.fpm.values():
+            subscriber.start()
+        await worker.wait_until_ready()
+        assert await asyncio.to_thread(worker.renew_lease, api.clock.now())
+        await engines_seen(worker, {"llm-decode-a": True, "llm-decode-b": False, "llm-decode-c": False})
+        assert (await pin(api, 1, 3)).status_code == 201
+        for _ in range(500):
+            if (await api.client.get("/decisions/1")).json()["status"] != "pending":
+                break
+            await asyncio.sleep(0.02)
+        before = len(standin.patches())
+        r = await pin(api, 1, 1)
+        assert r.json()["decision"]["remove"] == {"decode": ["llm-decode-b", "llm-decode-c"]}
+        for _ in range(500):
+            if (await api.client.get("/decisions/2")).json()["status"] != "pending":
+                break
+            await asyncio.sleep(0.02)
+        patched = [r.path for r in standin.patches()[before:]]
+        # The pods first, the first choice lowest; then the replicas (the scale subresource, the DGD).
+        assert [p.rsplit("/", 1)[-1] for p in patched[:2]] == ["llm-decode-b", "llm-decode-c"], patched
+        assert patched[2:] and not any("/pods/" in p for p in patched[2:]), patched
+        costs = {
+            p: standin.get(POD.plural, NS, p)["metadata"].get("annotations", {})
+            for p in ("llm-decode-a", "llm-decode-b", "llm-decode-c")
+        }
+        assert costs["llm-decode-b"][DELETION_COST] == "-2" and costs["llm-decode-c"][DELETION_COST] == "-1"
+        assert DELETION_COST not in costs["llm-decode-a"]
+        dgd = standin.get(DGD.plural, NS, NAME)
+        assert dgd["spec"]["services"][DECODE]["replicas"] == 1
