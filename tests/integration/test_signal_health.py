@@ -131,17 +131,23 @@ async def test_the_frontend_failing_holds_the_counts_and_recovers(make_api) -> N
         assert not [r for r in reasons if r.startswith(("signals unavailable", "traffic source"))], reasons
 
 
-@pytest.mark.timeout(120)
-async def test_the_kubernetes_api_failing_holds_the_counts_and_recovers(make_api, tmp_path: Path) -> None:
+async def over_the_standin(make_api, standin: KubeStandIn, tmp_path: Path, **connector: Any):  # type: ignore[no-untyped-def]
+    """The API and its worker, ready, with the Kubernetes connector on `standin`'s DGD; the seed's
+    throughput step ticking every 5 s (no traffic source: it proposes nothing)."""
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
+    standin.put(DGD.plural, NS, dgd_object())
+    settings = {**connector_settings(standin, token_file), **connector}
+    api = await make_api(demo_config(connector=settings, throughput={"interval_s": TICK_S}))
+    worker = api.app.state.workers["demo"]
+    await worker.wait_until_ready()
+    return api, worker
+
+
+@pytest.mark.timeout(120)
+async def test_the_kubernetes_api_failing_holds_the_counts_and_recovers(make_api, tmp_path: Path) -> None:
     with KubeStandIn(token=TOKEN) as standin:
-        standin.put(DGD.plural, NS, dgd_object())
-        connector = connector_settings(standin, token_file)
-        # The seed's throughput step, ticking every 5 s (no traffic source: it proposes nothing).
-        api = await make_api(demo_config(connector=connector, throughput={"interval_s": TICK_S}))
-        worker = api.app.state.workers["demo"]
-        await worker.wait_until_ready()
+        api, worker = await over_the_standin(make_api, standin, tmp_path)
 
         async def tick() -> dict[str, Any]:
             api.clock.advance(TICK_S)
@@ -168,14 +174,8 @@ async def test_the_kubernetes_api_failing_holds_the_counts_and_recovers(make_api
 async def test_the_kubernetes_api_timing_out_holds_the_counts_and_recovers(make_api, tmp_path: Path) -> None:
     """The API server takes longer than `request_timeout_s` to answer: each tick's read gives up
     after that long (one read, no retries within the call), which is a missing inventory."""
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN)
     with KubeStandIn(token=TOKEN) as standin:
-        standin.put(DGD.plural, NS, dgd_object())
-        connector = {**connector_settings(standin, token_file), "request_timeout_s": 1}
-        api = await make_api(demo_config(connector=connector, throughput={"interval_s": TICK_S}))
-        worker = api.app.state.workers["demo"]
-        await worker.wait_until_ready()
+        api, worker = await over_the_standin(make_api, standin, tmp_path, request_timeout_s=1)
 
         async def tick() -> dict[str, Any]:
             api.clock.advance(TICK_S)
@@ -211,14 +211,8 @@ async def test_a_replica_patch_refused_with_409_fails_the_decision_and_the_next_
     """The DGD keeps changing under the planner (409 Conflict on every attempt of a call): the
     decision fails with the conflict, no signal is affected, and the next tick decides the same
     target again, which lands once the API server accepts."""
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN)
     with KubeStandIn(token=TOKEN) as standin:
-        standin.put(DGD.plural, NS, dgd_object())
-        connector = connector_settings(standin, token_file)
-        api = await make_api(demo_config(connector=connector, throughput={"interval_s": TICK_S}))
-        worker = api.app.state.workers["demo"]
-        await worker.wait_until_ready()
+        api, worker = await over_the_standin(make_api, standin, tmp_path)
 
         async def tick() -> dict[str, Any]:
             api.clock.advance(TICK_S)

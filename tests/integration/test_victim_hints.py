@@ -41,6 +41,24 @@ async def engines_seen(worker, expected: dict[str, bool]) -> None:  # type: igno
     raise AssertionError(f"engines seen: {latest}, expected {expected}")
 
 
+async def api_over_engines(make_api, decode_endpoints: list[str], **config: Any):  # type: ignore[no-untyped-def]
+    """The API over decode engines publishing FPM at `decode_endpoints`, its subscribers started.
+    SLA scaling, since it reads the engines' passes; the tests' pins decide whatever it would."""
+    api = await make_api(
+        demo_config(
+            profile=H200,
+            scaling={"algorithm": "sla", "interval_s": 5.0},
+            sources={"fpm_endpoints": {"decode": decode_endpoints}},
+            **config,
+        )
+    )
+    worker = api.app.state.workers["demo"]
+    for subscriber in worker.fpm.values():
+        subscriber.start()
+    await worker.wait_until_ready()
+    return api
+
+
 async def wait_for(api, after: int) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     r = await api.client.get("/decisions/wait", params={"deployment": "demo", "after": after, "timeout_s": 0})
     assert r.status_code == 200, r.text
@@ -53,18 +71,8 @@ async def three_decoders(make_api, spawn):  # type: ignore[no-untyped-def]  # no
     busy = spawn("decode-busy", "--count", "1000000", "--rate", "200")
     idle = spawn("decode-idle", "--mode", "heartbeats")
     done = spawn("decode-done", "--count", "3")  # three passes, then idle heartbeats
-    api = await make_api(
-        demo_config(
-            # SLA scaling reads the engines' passes; a pin decides here, whatever it would.
-            profile=H200,
-            scaling={"algorithm": "sla", "interval_s": 5.0},
-            sources={"fpm_endpoints": {"decode": [busy.endpoint, idle.endpoint, done.endpoint]}},
-        )
-    )
+    api = await api_over_engines(make_api, [busy.endpoint, idle.endpoint, done.endpoint])
     worker = api.app.state.workers["demo"]
-    for subscriber in worker.fpm.values():
-        subscriber.start()
-    await worker.wait_until_ready()
     await engines_seen(worker, {"decode-busy": True, "decode-idle": False, "decode-done": False})
     assert (await pin(api, 1, 3)).status_code == 201
     assert (await wait_for(api, 0))["remove"] is None
@@ -111,18 +119,9 @@ async def test_the_kubernetes_connector_passes_the_hint_to_the_pods(make_api, sp
         standin.put(DGD.plural, NS, dgd_object(services))
         for pod in ("llm-decode-a", "llm-decode-b", "llm-decode-c"):
             standin.put_pod(NS, pod, labels={DGD_LABEL: NAME, SERVICE_LABEL: DECODE}, uid=f"uid-{pod}")
-        api = await make_api(
-            demo_config(
-                connector=connector_settings(standin, token_file),
-                profile=H200,
-                scaling={"algorithm": "sla", "interval_s": 5.0},
-                sources={"fpm_endpoints": {"decode": [busy.endpoint, idle.endpoint, done.endpoint]}},
-            )
-        )
+        endpoints = [busy.endpoint, idle.endpoint, done.endpoint]
+        api = await api_over_engines(make_api, endpoints, connector=connector_settings(standin, token_file))
         worker = api.app.state.workers["demo"]
-        for subscriber in worker.fpm.values():
-            subscriber.start()
-        await worker.wait_until_ready()
         assert await asyncio.to_thread(worker.renew_lease, api.clock.now())
         await engines_seen(worker, {"llm-decode-a": True, "llm-decode-b": False, "llm-decode-c": False})
         assert (await pin(api, 1, 3)).status_code == 201
