@@ -86,6 +86,7 @@ def test_pin_wait_complete_reads_succeeded(start_planner: Callable[[], PlannerPr
             "completed_at": None,
             "observed": None,
             "message": None,
+            "remove": None,
             "tick_id": None,
             "override_id": 1,
         }
