@@ -23,21 +23,22 @@ BUDGET_GPUS = 8
 PRIORITY = {"chat": 3, "code": 2, "batch": 1}
 
 
+def member(name: str) -> dict[str, Any]:
+    """A fleet member: SLA scaling every 5 s on the H200 profile, advisory (no connector)."""
+    return demo_config(
+        name=name,
+        connector={"type": "none"},
+        profile=H200,
+        sla={"ttft_ms": 1000, "itl_ms": 30},
+        prefill={"min_replicas": 1, "max_replicas": 32},
+        decode={"min_replicas": 1, "max_replicas": 32},
+        scaling={"algorithm": "sla", "interval_s": 5.0},
+    )["deployments"][0]
+
+
 def fleet_config(**fleet: Any) -> dict[str, Any]:
-    deployments = []
-    for name in NAMES:
-        d = demo_config(
-            name=name,
-            connector={"type": "none"},
-            profile=H200,
-            sla={"ttft_ms": 1000, "itl_ms": 30},
-            prefill={"min_replicas": 1, "max_replicas": 32},
-            decode={"min_replicas": 1, "max_replicas": 32},
-            scaling={"algorithm": "sla", "interval_s": 5.0},
-        )["deployments"][0]
-        deployments.append(d)
     return {
-        "deployments": deployments,
+        "deployments": [member(name) for name in NAMES],
         "fleet": {
             "budget_gpus": {"h200": BUDGET_GPUS},
             "interval_s": 5,

@@ -14,30 +14,18 @@ import pytest
 
 from app.core.sla.shortfall import WAIT_MIN_S
 from app.workers.gather import Gathered
-from tests.support import REPO_ROOT, demo_config
+from tests.api.test_fleet_api import member
 from tests.unit.test_planner import _input
 
 pytestmark = pytest.mark.anyio
 
-H200 = str(REPO_ROOT / "data" / "profiles" / "h200-llama3.1-8b-fp8")
 BUDGET_GPUS = 12
-TICK_S = 5
+TICK_S = 5  # the members' tick and the fleet step's
 TRAFFIC = 10  # _input's tick 10: 60 requests/s, more than either deployment's share of the budget
 
 
 def config() -> dict[str, Any]:
-    deployments = [
-        demo_config(
-            name=name,
-            connector={"type": "none"},
-            profile=H200,
-            sla={"ttft_ms": 1000, "itl_ms": 30},
-            prefill={"min_replicas": 1, "max_replicas": 32},
-            decode={"min_replicas": 1, "max_replicas": 32},
-            scaling={"algorithm": "sla", "interval_s": float(TICK_S)},
-        )["deployments"][0]
-        for name in ("chat", "code")
-    ]
+    deployments = [member(name) for name in ("chat", "code")]
     return {
         "deployments": deployments,
         "fleet": {
