@@ -73,7 +73,6 @@ class CostTotals:
     idle_gpu_s: float = 0.0
     idle_known_gpu_s: float = 0.0
     unobserved_s: float = 0.0  # time between samples that was not billed (see the module)
-    since_s: float | None = None  # the first sample's time
 
     @property
     def gpu_hours(self) -> dict[str, float]:
@@ -86,7 +85,6 @@ class CostTotals:
             "idle_gpu_s": self.idle_gpu_s,
             "idle_known_gpu_s": self.idle_known_gpu_s,
             "unobserved_s": self.unobserved_s,
-            "since_s": self.since_s,
         }
 
     @classmethod
@@ -96,23 +94,23 @@ class CostTotals:
             return None
         gpu_s = value.get("gpu_s")
         numbers = [value.get(k) for k in ("cost", "idle_gpu_s", "idle_known_gpu_s", "unobserved_s")]
-        since = value.get("since_s")
         if not isinstance(gpu_s, Mapping) or not all(_number(v) for v in [*numbers, *gpu_s.values()]):
             return None
-        if since is not None and not _number(since):
-            return None
         cost, idle, known, unobserved = (float(v) for v in numbers)  # type: ignore[arg-type]
-        return cls({str(r): float(s) for r, s in gpu_s.items()}, cost, idle, known, unobserved, since)
+        return cls({str(r): float(s) for r, s in gpu_s.items()}, cost, idle, known, unobserved)
 
 
 def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and value == value
 
 
-def interval(previous: CostSample, sample_at_s: float) -> Interval | None:
-    """What `previous`'s counts bill until `sample_at_s`; None when nothing is billed."""
+def interval(
+    previous: CostSample, sample_at_s: float, *, max_gap_s: float = MAX_BILLED_GAP_S
+) -> Interval | None:
+    """What `previous`'s counts bill until `sample_at_s`; None when nothing is billed. A
+    simulator that samples its engines at every change (not every tick) bills any gap."""
     dt = sample_at_s - previous.at_s
-    if dt <= 0 or previous.billed is None or dt > MAX_BILLED_GAP_S:
+    if dt <= 0 or previous.billed is None or dt > max_gap_s:
         return None
     gpu_s = {r: n * previous.gpus_per_engine.get(r, 1) * dt for r, n in previous.billed.items()}
     idle_s = known_s = 0.0
@@ -125,13 +123,16 @@ def interval(previous: CostSample, sample_at_s: float) -> Interval | None:
 
 
 def advance(
-    totals: CostTotals, previous: CostSample | None, sample: CostSample
+    totals: CostTotals,
+    previous: CostSample | None,
+    sample: CostSample,
+    *,
+    max_gap_s: float = MAX_BILLED_GAP_S,
 ) -> tuple[CostTotals, Interval | None]:
     """The account after `sample`, and the interval it closed (None: nothing billed)."""
     if previous is None:
-        since = totals.since_s if totals.since_s is not None else sample.at_s
-        return replace(totals, since_s=since), None
-    billed = interval(previous, sample.at_s)
+        return totals, None
+    billed = interval(previous, sample.at_s, max_gap_s=max_gap_s)
     if billed is None:
         gap = max(0.0, sample.at_s - previous.at_s)
         return replace(totals, unobserved_s=totals.unobserved_s + gap), None
