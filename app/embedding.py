@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import DeploymentConfig
+from app.core.cost.account import CostSample, CostTotals, advance, ordered_by, tick_sample
 from app.core.perf.fpm import ForwardPassMetrics
 from app.core.perf.interpolation import PerfModel
 from app.core.planner import Planner
@@ -90,6 +91,9 @@ class EmbeddedPlanner:
         self._traffic: TrafficWindow | None = None  # windows merged since the last throughput tick
         self._trained: dict[tuple[str, str, int], ForwardPassMetrics] = {}
         self._previous: dict[tuple[str, str, int], ForwardPassMetrics] = {}
+        # The cost account the service keeps (app/workers/cost.py), in each tick's diagnostics.
+        self.cost_totals = CostTotals()
+        self._cost_sample: CostSample | None = None
 
     @classmethod
     def from_config(
@@ -164,7 +168,19 @@ class EmbeddedPlanner:
                 self._next_id += 1
         else:
             verdict = "hold: no target"
-        diagnostics = diagnostics.model_copy(update={"verdict": verdict})
+        sample = tick_sample(
+            inp.now_s,
+            roles,
+            ordered=ordered_by(self._latest),
+            ready=inp.ready,
+            fpm=fpm,
+            gpus_per_engine=self.planner.settings.gpus_per_engine,
+            cost_per_gpu_hour=self.deployment.cost_per_gpu_hour,
+        )
+        self.cost_totals, _ = advance(self.cost_totals, self._cost_sample, sample)
+        self._cost_sample = sample
+        cost = {**sample.as_json(), "totals": self.cost_totals.as_json()}
+        diagnostics = diagnostics.model_copy(update={"verdict": verdict, "cost": cost})
         return TickOutput(
             target=target,
             next_tick_s=effects.next_tick.at_s,

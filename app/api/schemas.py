@@ -158,6 +158,41 @@ class TickPage(BaseModel):
     next_cursor: int | None
 
 
+class CostBucket(BaseModel):
+    start: datetime = Field(description="The hour's or day's start (UTC)")
+    gpu_hours: float
+    cost: float
+
+
+class CostOut(BaseModel):
+    """A deployment's cost over the range's ticks, first to last (docs/operations.md, "Cost")."""
+
+    deployment: str
+    ticks: int = Field(description="Ticks read: the latest of the range, at most 200 000")
+    ticks_in_range: int
+    first_tick: datetime | None
+    last_tick: datetime | None
+    cost_per_gpu_hour: float | None = Field(description="The last tick's price of a GPU-hour")
+    gpu_hours: dict[str, float] = Field(description="GPU-hours billed per role")
+    gpu_hours_total: float
+    cost: float = Field(description="Cost billed: GPU-hours times the price of each tick (currency-neutral)")
+    billed_s: float = Field(description="Time billed between the ticks")
+    unobserved_s: float = Field(
+        description="Time between ticks not billed: counts unknown, or a gap of over 900 s"
+    )
+    idle_gpu_hours: float = Field(description="GPU-hours of engines ready with no work (from their FPM)")
+    idle_share: float | None = Field(
+        description="Of the GPU-hours whose engines' FPM the ticks read, the idle share (null: never read)"
+    )
+    peak_engines: dict[str, int] = Field(description="The history's peak: most engines billed per role")
+    static_gpu_hours: float = Field(description="Each role's peak held all the billed time")
+    static_cost: float
+    saving: float = Field(description="static_cost - cost")
+    saving_share: float | None = Field(description="saving / static_cost")
+    per_hour: list[CostBucket]
+    per_day: list[CostBucket]
+
+
 class AuditOut(BaseModel):
     id: int
     at: datetime

@@ -194,6 +194,13 @@ class DeploymentConfig(Strict):
     decode: RoleConfig = Field(default_factory=RoleConfig, description="decode engines")
     workers: RoleConfig = Field(default_factory=RoleConfig, description="aggregated engines (mode agg)")
     gpu_budget: int | None = Field(default=None, ge=1, description="GPUs the deployment may use at most")
+    cost_per_gpu_hour: float = Field(
+        default=1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="what one of its GPUs costs per hour, in any currency (default 1: the cost "
+        "figures read as GPU-hours); with hardware variants, the first variant's price_per_gpu_hour",
+    )
     throughput: ThroughputConfig = Field(default_factory=ThroughputConfig, description="throughput scaling")
     load: LoadConfig = Field(default_factory=LoadConfig, description="load scaling")
     scaling: ScalingConfig = Field(default_factory=ScalingConfig, description="which algorithm decides")

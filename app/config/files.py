@@ -103,6 +103,16 @@ def _check_variants(
     if deployment.profile is None and any(v.profile is None for v in entry.variants):
         i = next(i for i, v in enumerate(entry.variants) if v.profile is None)
         raise ValueError(f"{where}.variants.{i}.profile: required (the deployment has no profile)")
+    # One price for the deployment's own engines: the first variant's, which the cost account
+    # bills them at unless the deployment names the same one.
+    price = first.price_per_gpu_hour
+    if "cost_per_gpu_hour" in deployment.model_fields_set and deployment.cost_per_gpu_hour != price:
+        raise ValueError(
+            f"deployments.{deployment.name}.cost_per_gpu_hour: {deployment.cost_per_gpu_hour:g}, but "
+            f"{where}.variants.0.price_per_gpu_hour is {price:g} (the first variant is the deployment's "
+            "own hardware; give the price once)"
+        )
+    deployment.cost_per_gpu_hour = price
 
 
 def format_validation_error(source: str, err: ValidationError, model: type[BaseModel] | None = None) -> str:

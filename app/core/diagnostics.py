@@ -410,6 +410,10 @@ class TickDiagnostics(Record):
     signals: dict[str, Any] | None = None
     # Where the ready counts came from: the connector, or the orchestrator's freshest report.
     ready_source: Text = None
+    # What the engines cost from this tick on and the running account up to it (app/core/cost),
+    # written by the shells around the tick: its sample (`billed`, `idle`, `gpus_per_engine`,
+    # `cost_per_gpu_hour`) and `totals`; read leniently by app/core/cost/account.py.
+    cost: dict[str, Any] | None = None
     verdict: Text = None
     decision_id: int | None = None
 

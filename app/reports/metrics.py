@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Enum, Gauge
 from app.core.diagnostics import LoadDiagnostics, SlaDiagnostics, ThroughputDiagnostics, finite_number
 from app.core.seed.load_types import LoadReason
 from app.core.seed.throughput import ThroughputReason
+from app.reports.cost_metrics import CostMetrics
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,7 @@ class PlannerMetrics:
             ["deployment"],
             registry=r,
         )
+        self.cost = CostMetrics(r)  # the cost account's counters (app/reports/cost_metrics.py)
         # Only on PostgreSQL, where a listener exists: a constant 0 on SQLite would read as an outage.
         self.notify_connected: Gauge | None = None
 

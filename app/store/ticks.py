@@ -106,14 +106,21 @@ def _in_range(
 
 
 def latest_ticks(
-    session: Session, deployment: str, since: datetime | None, until: datetime | None, limit: int
-) -> tuple[int, Iterator[tuple[datetime, dict[str, Any]]]]:
+    session: Session,
+    deployment: str,
+    since: datetime | None,
+    until: datetime | None,
+    limit: int,
+    *,
+    section: str | None = None,
+) -> tuple[int, Iterator[tuple[datetime, Any]]]:
     """How many ticks the range holds, and the latest `limit` of them oldest first, streamed
-    (the records are reduced one by one; 50 000 of them at once would not fit comfortably)."""
+    (the records are reduced one by one; 50 000 of them at once would not fit comfortably).
+    `section`: only that top-level section of each record (read by the database, not here)."""
     total = session.scalar(_in_range(select(func.count()).select_from(Tick), deployment, since, until)) or 0
     latest = _in_range(select(Tick.id), deployment, since, until).order_by(Tick.at.desc(), Tick.id.desc())
     query = (
-        select(Tick.at, Tick.record)
+        select(Tick.at, Tick.record if section is None else Tick.record[section])
         .where(Tick.id.in_(latest.limit(limit).scalar_subquery()))
         .order_by(Tick.at, Tick.id)
         .execution_options(yield_per=1000)

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.config import DeploymentConfig
 from app.connectors.base import Connector
 from app.connectors.virtual import DecisionHub
+from app.core.cost.account import CostTotals
 from app.core.errors import ConnectorError, SourceUnavailableError
 from app.core.planner import Planner
 from app.core.types import Role
@@ -38,6 +39,7 @@ from app.store import ticks as tick_store
 from app.store.models import PlannerStateRow
 from app.workers.actuate import ActuateMixin
 from app.workers.clock import Clock
+from app.workers.cost import CostMixin
 from app.workers.gather import GatherMixin
 from app.workers.lease import stop_leased
 from app.workers.signals import SignalHealth
@@ -62,7 +64,7 @@ def process_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class DeploymentWorker(GatherMixin, TickMixin, ActuateMixin):
+class DeploymentWorker(GatherMixin, TickMixin, ActuateMixin, CostMixin):
     def __init__(
         self,
         *,
@@ -121,6 +123,9 @@ class DeploymentWorker(GatherMixin, TickMixin, ActuateMixin):
         self.last_error: str | None = None
         self.consecutive_failures = 0
         self._export_warned = False
+        # The cost account, resumed from the last stored tick when this process takes the lease.
+        self._cost_totals = CostTotals()
+        self._cost_sample = None
 
     @property
     def interval_s(self) -> float:
@@ -183,6 +188,7 @@ class DeploymentWorker(GatherMixin, TickMixin, ActuateMixin):
                 self.lease_expires_at = tick_store.lease_expires_at(session, name)
             if self.is_leader and not was_leader:
                 self._resume(state_store.load_state(session, deployment=name))
+                self.resume_cost(session)
         self.lease_checked_at = now
         self._metrics.observe_lease(
             name, was_leader=was_leader, is_leader=self.is_leader, expires_at=self.lease_expires_at

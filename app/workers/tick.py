@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.config import DeploymentConfig
 from app.config.live import running_config
 from app.connectors.virtual import DecisionHub
+from app.core.cost.account import ordered_by
 from app.core.diagnostics import TickDiagnostics
 from app.core.fleet.grants import asked_of, grant_record, with_grant
 from app.core.planner import Effects, Planner, TickInput
@@ -34,6 +35,7 @@ from app.store import ticks as tick_store
 from app.store.models import Decision
 from app.store.overrides import active_overrides
 from app.store.settings import StoredSettings
+from app.workers.cost import CostStep
 from app.workers.gather import Gathered
 from app.workers.signals import SignalHealth
 
@@ -64,6 +66,9 @@ class TickMixin:
     _export_warned: bool
     # The lease check every tick starts with (loop.py).
     renew_lease: Callable[[datetime], bool]
+    # The cost account (cost.py).
+    cost_step: Callable[..., CostStep]
+    commit_cost: Callable[[CostStep], None]
 
     def tick(self, now: datetime, gathered: Gathered | None = None) -> TickReport | None:
         """Decide and persist one tick at `now` from what was gathered; None when another
@@ -148,13 +153,26 @@ class TickMixin:
                 verdict = f"{proposal.outcome.verdict}: {proposal.outcome.reason}"
             else:
                 verdict = "hold: no target"
+            # Billed from this tick on: what the decision in force after it orders, and what runs.
+            in_force = decision or latest
+            cost = self.cost_step(
+                now,
+                ordered=ordered_by(decision_store.view_of(in_force)) if in_force else None,
+                ready=gathered.ready,
+                fpm=gathered.fpm,
+            )
             record = record.model_copy(
-                update={"verdict": verdict, "decision_id": decision.decision_id if decision else None}
+                update={
+                    "verdict": verdict,
+                    "decision_id": decision.decision_id if decision else None,
+                    "cost": cost.section,
+                }
             )
             tick.record = record.as_json()
             tick.decision_id = record.decision_id
         # Stored: what the tick learned is the planner's now (a failed write above keeps the old).
         self.planner.commit(effects)
+        self.commit_cost(cost)
 
         if decision is not None:
             self._hub.announce(decision)

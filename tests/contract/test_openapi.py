@@ -26,6 +26,7 @@ EXPECTED_OPERATION_IDS = {
     "report_progress",
     "list_diagnostics",
     "diagnostics_report",
+    "diagnostics_cost",
     "create_override",
     "list_overrides",
     "delete_override",

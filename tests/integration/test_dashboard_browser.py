@@ -143,6 +143,13 @@ def test_dashboard_report_and_docs_render_in_chromium(tmp_path: Path, cleanup: l
     assert page.decision_rows >= 1
     assert "proposal: sla" in dom  # the reasons of the decisions
     assert "times: simulated (planner demo): 2000-01-01T00:00:00+00:00 is simulated second 0" in dom
+    # The cost of the ticks shown, from /diagnostics/cost (the demo's price is the default 1).
+    shown = re.search(
+        r'data-cost="([0-9.e+-]+)"[^>]*>cost over the ticks shown: ([0-9.]+) at 1 per GPU-hour', dom
+    )
+    assert shown, dom[:3000]
+    assert float(shown.group(1)) > 0
+    assert "GPU-hours: prefill" in dom and "saving" in dom
 
     # What a person sees: a screenshot of the whole page.
     shot = tmp_path / "dashboard.png"

@@ -12,8 +12,10 @@ from app.api.auth import Viewer
 from app.api.convert import tick_out
 from app.api.deps import DeploymentsDep, SessionDep, deployment_or_raise
 from app.api.errors import problem_responses
-from app.api.schemas import MAX_ID, TickPage
+from app.api.schemas import MAX_ID, CostBucket, CostOut, TickPage
 from app.config import DeploymentConfig, DeploymentsFile
+from app.core.cost.account import sample_from_json
+from app.core.cost.report import Bucket, cost_report
 from app.core.errors import InvalidInputError
 from app.reports.diagnostics.page import render_diagnostics_report
 from app.store import ticks as store
@@ -21,6 +23,9 @@ from app.store import ticks as store
 # The reference's DiagnosticsRecorder keeps at most 50 000 snapshots; so does one report (2.9 days
 # at 5 s ticks), which bounds its size and the time to build it.
 MAX_REPORT_TICKS = 50_000
+# The cost report reads only each tick's `cost` section (a few hundred bytes): 200 000 ticks are
+# 11.6 days at 5 s ticks, a year at the throughput step's 180 s.
+MAX_COST_TICKS = 200_000
 
 router = APIRouter(tags=["diagnostics"])
 
@@ -132,3 +137,62 @@ def diagnostics_report(
         ticks_in_range=total,
     )
     return HTMLResponse(page)
+
+
+def _buckets(buckets: list[Bucket]) -> list[CostBucket]:
+    return [
+        CostBucket(start=datetime.fromtimestamp(b.start_s, UTC), gpu_hours=b.gpu_hours, cost=b.cost)
+        for b in buckets
+    ]
+
+
+@router.get(
+    "/diagnostics/cost",
+    name="diagnostics_cost",
+    response_model=CostOut,
+    responses=problem_responses(401, 403, 404, 422, 503),
+)
+def diagnostics_cost(
+    session: SessionDep,
+    deployments: DeploymentsDep,
+    _: Viewer,
+    deployment: Annotated[
+        str | None, Query(max_length=63, description="Required when more than one deployment is configured")
+    ] = None,
+    since: Since = None,
+    until: Until = None,
+) -> CostOut:
+    """What one deployment's engines cost over the range's stored ticks: GPU-hours per role and
+    cost, per hour and per day (UTC), the idle share, and the saving against the static
+    allocation the same history's peak would have needed. At most the latest 200 000 ticks."""
+    config = _report_deployment(deployments, deployment)
+    since, until = _range(since, until)
+    total, rows = store.latest_ticks(session, config.name, since, until, MAX_COST_TICKS, section="cost")
+    samples = (s for at, section in rows if (s := sample_from_json(at.timestamp(), section)) is not None)
+    report = cost_report(samples)
+
+    def time(at_s: float | None) -> datetime | None:
+        return datetime.fromtimestamp(at_s, UTC) if at_s is not None else None
+
+    return CostOut(
+        deployment=config.name,
+        ticks=report.ticks,
+        ticks_in_range=total,
+        first_tick=time(report.first_s),
+        last_tick=time(report.last_s),
+        cost_per_gpu_hour=report.cost_per_gpu_hour,
+        gpu_hours=report.gpu_hours,
+        gpu_hours_total=report.total_gpu_hours,
+        cost=report.cost,
+        billed_s=report.billed_s,
+        unobserved_s=report.unobserved_s,
+        idle_gpu_hours=report.idle_gpu_hours,
+        idle_share=report.idle_share,
+        peak_engines=report.peak_engines,
+        static_gpu_hours=report.static_gpu_hours,
+        static_cost=report.static_cost,
+        saving=report.saving,
+        saving_share=report.saving_share,
+        per_hour=_buckets(report.per_hour),
+        per_day=_buckets(report.per_day),
+    )

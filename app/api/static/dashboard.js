@@ -150,7 +150,11 @@
       }
       this.table = document.createElement("table");
       this.table.className = "decisions";
-      this.section.append(title, this.facts, grid, this.table);
+      // What the window's engines cost (GET /diagnostics/cost over the ticks shown).
+      this.cost = document.createElement("p");
+      this.cost.className = "facts cost";
+      this.cost.dataset.cost = "";
+      this.section.append(title, this.facts, this.cost, grid, this.table);
       document.getElementById("deployments").appendChild(this.section);
     }
 
@@ -187,7 +191,12 @@
         "decisions?deployment=" + encodeURIComponent(this.name) + "&after=" + after + "&limit=" + PAGE
       );
       for (const d of page.items) this.decisions.set(d.id, d);
+      if (this.ticks.length) {
+        const from = this.ticks[0].t;
+        this.costReport = await getJson("diagnostics/cost?deployment=" + encodeURIComponent(this.name) + "&since=" + encodeURIComponent(from));
+      }
       this.render();
+      this.renderCost();
     }
 
     render() {
@@ -305,6 +314,23 @@
       };
       div.dataset.empty = points ? "" : why;
       Plotly.react(div, traces, layout, { displaylogo: false, responsive: true });
+    }
+
+    renderCost() {
+      const c = this.costReport;
+      if (!c || !c.ticks) {
+        this.cost.textContent = "cost: no ticks yet";
+        return;
+      }
+      const f = (v, d = 2) => (v === null || v === undefined ? "–" : v.toFixed(d));
+      const pct = (v) => (v === null || v === undefined ? "unknown" : (100 * v).toFixed(0) + "%");
+      const roles = Object.entries(c.gpu_hours).map(([r, h]) => `${r} ${f(h)}`).join(", ");
+      const hour = c.per_hour.length ? c.per_hour[c.per_hour.length - 1] : null;
+      this.cost.dataset.cost = String(c.cost);
+      this.cost.textContent =
+        `cost over the ticks shown: ${f(c.cost)} at ${c.cost_per_gpu_hour} per GPU-hour (${f(c.gpu_hours_total)} GPU-hours: ${roles})` +
+        (hour ? `; this hour ${f(hour.cost)}` : "") +
+        `; idle ${pct(c.idle_share)}; static at the peak (${fmtCounts(c.peak_engines)}) ${f(c.static_cost)}, saving ${f(c.saving)} (${pct(c.saving_share)})`;
     }
 
     renderDecisions() {

@@ -273,4 +273,5 @@ def _result(m: _Member, config: FleetReplayConfig, policy: str, oracle_gpu_hours
         end_s=end_s,
         wall_s=0.0,
         scale_to_zero=d.scaling.scale_to_zero.enabled,
+        cost_per_gpu_hour=d.cost_per_gpu_hour,
     )

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from app.sim.replay.cost import timeline_cost
 from app.sim.replay.request_table import RequestTable, request_table
 from app.sim.replay.results import ReplayResult
 from app.sim.replay.zero import summarize_zero
@@ -156,12 +157,28 @@ def summarize(
         "simulated_s_per_wall_s": float(result.end_s / result.wall_s) if result.wall_s > 0 else None,
         "settings": result.settings,
     }
+    summary.update(_cost(result))
     if result.scale_to_zero:
         # Only then: with scale to zero off, summary.json stays exactly what it was.
         summary["scale_to_zero"] = summarize_zero(
             result.timeline, result.requests, end_s=result.end_s, gpus_per_engine=result.gpus_per_engine
         )
     return summary
+
+
+def _cost(result: ReplayResult) -> dict[str, Any]:
+    """The engines' cost beside their GPU-hours: the timeline billed by the planner's rule, at
+    the deployment's cost_per_gpu_hour (1 unless set: then cost reads as GPU-hours)."""
+    price = float(result.cost_per_gpu_hour)
+    totals = timeline_cost(
+        result.timeline, gpus_per_engine=result.gpus_per_engine, cost_per_gpu_hour=price, end_s=result.end_s
+    )
+    return {
+        "cost_per_gpu_hour": price,
+        "cost": float(totals.cost),
+        "gpu_hours_by_role": {role: float(h) for role, h in totals.gpu_hours.items()},
+        "oracle_cost": float(result.oracle_gpu_hours * price),
+    }
 
 
 def _cells(values: np.ndarray, decimals: int) -> list[float | None]:

@@ -293,6 +293,7 @@ def _header_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("GPU-hours", _fmt(summary["gpu_hours"], ".2f")),
         ("Oracle GPU-hours", _fmt(summary["oracle_gpu_hours"], ".2f")),
         ("GPU-hours ÷ oracle", _fmt(summary["gpu_hours_over_oracle"], ".3f")),
+        (f"Cost (at {summary['cost_per_gpu_hour']:g} per GPU-hour)", _fmt(summary["cost"], ".2f")),
         (
             "Scaling actions",
             f"{summary['scaling_actions']} ("

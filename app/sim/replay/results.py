@@ -48,3 +48,5 @@ class ReplayResult:
     scale_to_zero: bool = False
     # Requests an engine still held when its removal's grace period ended (never finished).
     cut_off: int = 0
+    # The deployment's price of a GPU-hour: summary.json's cost (app/sim/replay/cost.py).
+    cost_per_gpu_hour: float = 1.0

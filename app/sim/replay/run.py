@@ -214,6 +214,7 @@ def run_policy(
         settings=settings or {},
         cut_off=cluster.cut_off,
         scale_to_zero=world.config.deployment.scaling.scale_to_zero.enabled,
+        cost_per_gpu_hour=world.config.deployment.cost_per_gpu_hour,
     )
 
 
@@ -376,6 +377,7 @@ def run_command(args: Any, *, started_s: float | None = None) -> int:
     print(
         f"{result.policy}: {summary['requests']} requests, SLO attainment {summary['slo_attainment']:.1%}, "
         f"{summary['gpu_hours']:.2f} GPU-hours ({summary['oracle_gpu_hours']:.2f} for the oracle), "
+        f"cost {summary['cost']:.2f} at {summary['cost_per_gpu_hour']:g} per GPU-hour, "
         f"{summary['scaling_actions']} scaling actions; {wall_s:.1f} s wall in all "
         f"({result.wall_s:.1f} s replaying {summary['simulated_s']:.0f} simulated s)"
     )
