@@ -518,6 +518,7 @@ def test_on_tick_diagnostics_record() -> None:
         "settings_revision": None,  # the worker sets it; the core does not know the store
         "signals": None,  # the worker's account of what it read
         "ready_source": None,
+        "cost": None,  # the shells' cost account (app/workers/cost.py, app/embedding.py)
         "verdict": None,
         "decision_id": None,
     }
