@@ -5,6 +5,8 @@
 - An operator override supersedes an unacknowledged decision at once; so does SLA scaling, which
   accounts for the engines still starting itself.
 - A target equal to the one in force (pending or succeeded) creates nothing.
+- In shadow mode decisions are recorded as `shadow` and never awaited: a new target simply
+  follows the last one, and one equal to it creates nothing.
 """
 
 from __future__ import annotations
@@ -48,7 +50,11 @@ def judge(
 ) -> ProtocolOutcome:
     """`await_ack=False` is the advisory connector: nobody acknowledges, so a pending decision
     never holds the next one back."""
-    in_force = latest is not None and latest.status in (DecisionStatus.PENDING, DecisionStatus.SUCCEEDED)
+    in_force = latest is not None and latest.status in (
+        DecisionStatus.PENDING,
+        DecisionStatus.SUCCEEDED,
+        DecisionStatus.SHADOW,
+    )
     if in_force and latest.replicas == target:  # type: ignore[union-attr]
         return ProtocolOutcome(Verdict.UNCHANGED, f"target equals decision {latest.id} ({latest.status})")  # type: ignore[union-attr]
 
