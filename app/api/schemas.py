@@ -331,6 +331,10 @@ class DeploymentOut(BaseModel):
     name: str
     mode: Literal["disagg", "agg", "prefill", "decode"]
     connector: str
+    shadow: bool = Field(
+        description="Shadow mode (connector.mode: shadow): what runs is read, nothing is written "
+        "(GET /deployments/{name}/shadow)"
+    )
     sla: dict[str, float]
     roles: dict[str, RoleSummary]
     ready: dict[str, int] | None = Field(description="Replicas the orchestrator last reported running")

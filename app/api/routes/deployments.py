@@ -35,6 +35,7 @@ def _summary(request: Request, session: Session, config: DeploymentConfig, now: 
         name=config.name,
         mode=config.mode,
         connector=config.connector.type,
+        shadow=config.shadow,
         sla={"ttft_ms": config.sla.ttft_ms, "itl_ms": config.sla.itl_ms},
         roles={
             role: RoleSummary(
