@@ -224,6 +224,7 @@ def propose_decision(
         now_s=now.timestamp(),
         ack_timeout_s=ack_timeout_s,
         await_ack=await_ack,
+        shadow=shadow,
     )
     if outcome.verdict != Verdict.CREATE:
         return ProposalResult(outcome, None, None)
