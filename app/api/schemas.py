@@ -196,13 +196,14 @@ class CostOut(BaseModel):
 class ShadowSideOut(BaseModel):
     """One side of the comparison over the window (docs/shadow.md, "The report")."""
 
-    engine_hours: dict[str, float] = Field(description="Engine-hours per role, each tick's counts until the next")
+    engine_hours: dict[str, float] = Field(
+        description="Engine-hours per role, each tick's counts until the next"
+    )
     gpu_hours: dict[str, float] = Field(description="GPU-hours per role (engine-hours times GPUs per engine)")
     gpu_hours_total: float
     cost: float = Field(description="GPU-hours times each tick's cost_per_gpu_hour")
     billed_s: float = Field(
-        description="Time the engine-hours cover: between ticks whose counts were known, gaps of "
-        "up to 900 s"
+        description="Time the engine-hours cover: between ticks whose counts were known, gaps of up to 900 s"
     )
     mean_predicted_attainment: dict[str, float | None] = Field(
         description="Per role, the mean over the ticks that predicted one of the predicted SLO "

@@ -47,7 +47,9 @@ class Conditions:
     decode_pace: float = 1.0  # Little's law's ITL over the target (1, or a full engine's)
 
 
-def conditions(state: SlaState, settings: SlaSettings, now_s: float, sla: SlaDiagnostics | None) -> Conditions:
+def conditions(
+    state: SlaState, settings: SlaSettings, now_s: float, sla: SlaDiagnostics | None
+) -> Conditions:
     """The conditions of a tick at `now_s`: the state after it, and what its SLA step recorded."""
     decode = (sla.roles or {}).get("decode") if sla is not None else None
     batch = decode.batch_limit if decode is not None else None

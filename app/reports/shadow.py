@@ -132,7 +132,9 @@ def shadow_report(rows: Iterable[tuple[float, Any, Any]], roles: tuple[str, ...]
             if billed is not None:
                 for role, gpu_s in billed.gpu_s.items():
                     gpus = before.gpus_per_engine.get(role, 1)  # type: ignore[union-attr]
-                    side.engine_hours[role] = side.engine_hours.get(role, 0.0) + gpu_s / gpus / SECONDS_PER_HOUR
+                    side.engine_hours[role] = (
+                        side.engine_hours.get(role, 0.0) + gpu_s / gpus / SECONDS_PER_HOUR
+                    )
                     side.gpu_hours[role] = side.gpu_hours.get(role, 0.0) + gpu_s / SECONDS_PER_HOUR
                 side.cost += billed.cost
                 side.billed_s += billed.end_s - billed.start_s
@@ -151,7 +153,5 @@ def read_shadow_report(
     """The report over the stored ticks of the last `window_s` before `now` (inclusive)."""
     since = now - timedelta(seconds=window_s)
     until = now + timedelta(microseconds=1)
-    rows = tick_store.latest_sections(
-        session, deployment, since, until, MAX_SHADOW_TICKS, ("shadow", "cost")
-    )
+    rows = tick_store.latest_sections(session, deployment, since, until, MAX_SHADOW_TICKS, ("shadow", "cost"))
     return shadow_report(((at.timestamp(), r["shadow"], r["cost"]) for at, r in rows), roles)

@@ -28,9 +28,5 @@ def tick_shadow(
         incumbent_ready=gathered.ready,
         planner=effects.target if effects.target is not None else ordered_before,
         wish=wish,
-        conditions=(
-            conditions(effects.state.sla, settings, now_s, sla)
-            if settings is not None
-            else None
-        ),
+        conditions=(conditions(effects.state.sla, settings, now_s, sla) if settings is not None else None),
     )

@@ -21,7 +21,9 @@ SHADOW = {"type": "virtual", "mode": "shadow"}
 
 
 def shadow_and_control() -> dict:
-    config = demo_config(connector=SHADOW, decode={"gpus_per_engine": 2, "min_replicas": 1, "max_replicas": 8})
+    config = demo_config(
+        connector=SHADOW, decode={"gpus_per_engine": 2, "min_replicas": 1, "max_replicas": 8}
+    )
     config["deployments"].append(demo_config(name="ctl")["deployments"][0])
     return config
 
@@ -35,7 +37,9 @@ async def tick(api, after_s: float) -> None:
 
 
 async def last_record(api) -> dict:
-    r = await api.client.get("/diagnostics", params={"deployment": "demo", "limit": 1}, headers=bearer(VIEWER))
+    r = await api.client.get(
+        "/diagnostics", params={"deployment": "demo", "limit": 1}, headers=bearer(VIEWER)
+    )
     assert r.status_code == 200, r.text
     return r.json()["items"][-1]["record"]
 

@@ -28,7 +28,6 @@ import pytest
 
 from tests.integration.test_kubernetes_connector import (
     FRONTEND,
-    NAME,
     NS,
     TOKEN,
     connector_settings,
@@ -283,7 +282,12 @@ def test_virtual_shadow_beside_an_orchestrator_with_its_own_counts(
 ) -> None:
     proc = serve(shadow_file(tmp_path, {"type": "virtual", "mode": "shadow"}, frontend))
     with httpx.Client(base_url=proc.base_url, headers=VIEWER, timeout=30) as client:
-        poll(lambda: latest_decision(client) is not None, "the planner's first shadow decision", proc, steps=2000)
+        poll(
+            lambda: latest_decision(client) is not None,
+            "the planner's first shadow decision",
+            proc,
+            steps=2000,
+        )
         first = latest_decision(client)
         assert first is not None and first["status"] == "shadow"
 

@@ -156,9 +156,7 @@ UNKNOWN_CASES = [
         {"latency": None},
         "without a profile the planner has no picture of its engines' speed",
     ),
-    UnknownCase(
-        "no_latency_model_decode", "decode", 1, {"latency": None}, "nor of the decode engines'"
-    ),
+    UnknownCase("no_latency_model_decode", "decode", 1, {"latency": None}, "nor of the decode engines'"),
     UnknownCase(
         "no_demand_signal",
         "prefill",
@@ -189,7 +187,12 @@ def test_a_fresh_state_predicts_nothing() -> None:
     c = conditions(SlaState(), settings, 5.0, None)
     assert (c.latency, c.demand, c.decode_batch_limit) == (None, None, None)
     section = shadow_section(
-        ROLES, incumbent={"prefill": 1, "decode": 1}, incumbent_ready=None, planner=None, wish=None, conditions=c
+        ROLES,
+        incumbent={"prefill": 1, "decode": 1},
+        incumbent_ready=None,
+        planner=None,
+        wish=None,
+        conditions=c,
     )
     for row in section.roles.values():  # type: ignore[union-attr]
         assert (row.attainment_incumbent, row.attainment_planner, row.planner) == (None, None, None)
@@ -235,7 +238,8 @@ def test_report_counts_a_hand_made_window() -> None:
 
     Engine-seconds, each tick's counts for 60 s until the next (the last tick bills nothing):
     incumbent prefill 2+2+1 = 5 minutes, decode 2+2+2 = 6 (the tick at 180 s bills neither role:
-    its counts are unknown as a whole); planner prefill 2+3+3+3 = 11, decode 8. Decode engines take 2 GPUs, GPUs cost 2 per hour."""
+    its counts are unknown as a whole); planner prefill 2+3+3+3 = 11, decode 8. Decode engines
+    take 2 GPUs, GPUs cost 2 per hour."""
     rows = [
         row(0, {"prefill": 2, "decode": 2}, {"prefill": 2, "decode": 2}, attainment=(0.9, 0.95)),
         row(60, {"prefill": 2, "decode": 2}, {"prefill": 3, "decode": 2}, attainment=(0.7, None)),
