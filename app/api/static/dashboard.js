@@ -3,7 +3,8 @@
 // SLA scaling its demand, forecast headroom, measured scale and correction, lead and wishes, with
 // the decisions and their reasons; for a deployment in shadow mode, the incumbent's counts beside
 // the planner's and how often they agree (GET /deployments/{name}/shadow). Query parameters:
-// refresh_s (default 2), window_s (planner seconds of ticks kept, default 3600). A token: `#token=...` once, or the form.
+// refresh_s (default 2), window_s (planner seconds of ticks kept, default 3600). A token:
+// `#token=...` once, or the form.
 "use strict";
 
 (function () {
