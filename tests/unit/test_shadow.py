@@ -7,7 +7,7 @@ tokens/s, which SLA scaling serves with 3 prefill engines and 1 decode engine.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 import pytest
@@ -131,10 +131,9 @@ def test_nothing_serves_nothing() -> None:
     s = steady()
     assert predicted_attainment("prefill", 0, s.conditions) == 0.0
     assert predicted_attainment("decode", 0, s.conditions) == 0.0
-    silent = s.conditions.demand.__class__(
-        **{**s.conditions.demand.__dict__, "token_rate_s": 0.0, "in_flight_mean": 0.0}  # type: ignore[union-attr]
-    )
-    quiet = Conditions(**{**s.conditions.__dict__, "demand": silent})
+    assert s.conditions.demand is not None
+    silent = replace(s.conditions.demand, token_rate_s=0.0, in_flight_mean=0.0)
+    quiet = replace(s.conditions, demand=silent)
     assert predicted_attainment("prefill", 1, quiet) == 1.0
     assert predicted_attainment("decode", 1, quiet) == 1.0
 
@@ -177,7 +176,7 @@ UNKNOWN_CASES = [
 
 @pytest.mark.parametrize("case", UNKNOWN_CASES, ids=lambda c: c.name)
 def test_what_the_model_cannot_predict_is_none(case: UnknownCase) -> None:
-    c = Conditions(**{**steady().conditions.__dict__, **case.change})
+    c = replace(steady().conditions, **case.change)
     assert predicted_attainment(case.role, case.engines, c) is None, case.why
 
 
