@@ -52,7 +52,7 @@ class DecisionOut(BaseModel):
     source: Literal["throughput", "load", "sla", "override"]
     reasons: list[str]
     created_at: datetime
-    status: Literal["pending", "succeeded", "failed", "superseded", "expired"]
+    status: Literal["pending", "succeeded", "failed", "superseded", "expired", "shadow"]
     status_reason: str | None
     completed_at: datetime | None
     observed: dict[str, int] | None
@@ -193,6 +193,48 @@ class CostOut(BaseModel):
     per_day: list[CostBucket]
 
 
+class ShadowSideOut(BaseModel):
+    """One side of the comparison over the window (docs/shadow.md, "The report")."""
+
+    engine_hours: dict[str, float] = Field(
+        description="Engine-hours per role, each tick's counts until the next"
+    )
+    gpu_hours: dict[str, float] = Field(description="GPU-hours per role (engine-hours times GPUs per engine)")
+    gpu_hours_total: float
+    cost: float = Field(description="GPU-hours times each tick's cost_per_gpu_hour")
+    billed_s: float = Field(
+        description="Time the engine-hours cover: between ticks whose counts were known, gaps of up to 900 s"
+    )
+    mean_predicted_attainment: dict[str, float | None] = Field(
+        description="Per role, the mean over the ticks that predicted one of the predicted SLO "
+        "attainment of this side's count (the planner's model, not a measurement; null: never "
+        "predicted)"
+    )
+
+
+class ShadowOut(BaseModel):
+    """What a shadow deployment's planner would have ordered beside what ran (docs/shadow.md)."""
+
+    deployment: str
+    window_s: float
+    since: datetime
+    until: datetime
+    ticks: int = Field(description="Shadow ticks in the window")
+    compared: int = Field(description="Of those, ticks where both sides' counts were known for every role")
+    first_tick: datetime | None
+    last_tick: datetime | None
+    agreement_exact: float | None = Field(
+        description="Share of the compared ticks where every role's counts were equal (null: none compared)"
+    )
+    agreement_within_one: float | None = Field(
+        description="Share of the compared ticks where every role's counts were within one engine"
+    )
+    incumbent: ShadowSideOut = Field(description="What ran: the incumbent autoscaler's counts")
+    planner: ShadowSideOut = Field(description="What the planner would have ordered")
+    caveat: str = Field(description="What the predicted attainment is, and is not")
+    note: str | None = Field(description="Said of an empty window")
+
+
 class AuditOut(BaseModel):
     id: int
     at: datetime
@@ -290,6 +332,10 @@ class DeploymentOut(BaseModel):
     name: str
     mode: Literal["disagg", "agg", "prefill", "decode"]
     connector: str
+    shadow: bool = Field(
+        description="Shadow mode (connector.mode: shadow): what runs is read, nothing is written "
+        "(GET /deployments/{name}/shadow)"
+    )
     sla: dict[str, float]
     roles: dict[str, RoleSummary]
     ready: dict[str, int] | None = Field(description="Replicas the orchestrator last reported running")

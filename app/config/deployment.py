@@ -49,17 +49,25 @@ class RoleConfig(Strict):
 
 
 _ACK_TIMEOUT = "an unacknowledged decision expires after this long (s)"
+# Shadow mode (docs/shadow.md): read what the incumbent autoscaler runs, decide, never write.
+ConnectorMode = Literal["control", "shadow"]
+_MODE = (
+    "control: the planner's decisions are applied; shadow: the planner reads what runs and "
+    "records what it would have ordered beside it, and never writes to the cluster"
+)
 
 
 class VirtualConnectorConfig(Strict):
     """Decisions in SQL, long-polled and acknowledged by an orchestrator."""
 
     type: Literal["virtual"] = Field(description="virtual: an orchestrator applies the decisions")
+    mode: ConnectorMode = Field(default="control", description=_MODE)
     ack_timeout_s: float = Field(default=1800.0, gt=0, description=_ACK_TIMEOUT)
 
 
 class NoneConnectorConfig(Strict):
-    """Advisory (shadow) mode: decide, persist and export, actuate nothing."""
+    """Advisory: decide, persist and export, actuate nothing. It has no `mode`: there is nothing
+    it reads of what runs to compare with (shadow mode is the virtual or Kubernetes connector's)."""
 
     type: Literal["none"] = Field(description="none: advisory, nothing is actuated")
     ack_timeout_s: float = Field(default=1800.0, gt=0, description=_ACK_TIMEOUT)
@@ -69,6 +77,7 @@ class KubernetesConnectorConfig(Strict):
     """Scale a Dynamo DynamoGraphDeployment (DGD); see docs/kubernetes.md."""
 
     type: Literal["kubernetes"] = Field(description="kubernetes: patch the DGD's replicas")
+    mode: ConnectorMode = Field(default="control", description=_MODE)
     dgd_name: str = Field(min_length=1, max_length=253, description="the DynamoGraphDeployment's name")
     namespace: str | None = Field(
         default=None, description="default: the planner's service account's namespace, else default"
@@ -267,8 +276,15 @@ class DeploymentConfig(Strict):
 
     @property
     def awaits_ack(self) -> bool:
-        """Only an orchestrator behind the virtual connector acknowledges decisions."""
-        return self.connector.type == "virtual"
+        """Only an orchestrator behind the virtual connector acknowledges decisions, and only in
+        control mode: a shadow decision is applied by nobody."""
+        return self.connector.type == "virtual" and not self.shadow
+
+    @property
+    def shadow(self) -> bool:
+        """Shadow mode: what runs is read, what the planner would order is recorded, nothing is
+        written (docs/shadow.md)."""
+        return getattr(self.connector, "mode", "control") == "shadow"
 
     def bounds(self) -> dict[Role, RoleBounds]:
         """The configured min/max replicas of every role of the mode."""

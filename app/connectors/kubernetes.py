@@ -36,6 +36,10 @@ rather lose, their pods get a `controller.kubernetes.io/pod-deletion-cost` first
 the lowest), so that the ReplicaSet controller removes them (`deletion_cost.py`). Advisory: a
 failure there is logged and the replicas are set all the same.
 
+Shadow mode (`mode: shadow`, docs/shadow.md): the connector reads (`ready_counts()` and
+`incumbent_replicas()`, the replicas the incumbent autoscaler set) and never writes:
+`set_replicas()` raises before any API call, a safety net behind the worker, which never calls it.
+
 Errors become `ConnectorError` naming the DGD, the service and, for 403, the RBAC verb and
 resource to grant.
 """
@@ -153,12 +157,33 @@ class KubernetesConnector:
             counts[role] = value
         return counts
 
+    async def incumbent_replicas(self) -> Replicas:
+        """The replicas each role's service is set to (`spec.services.<Service>.replicas`),
+        whoever set them, ready or not: in shadow mode, what the incumbent autoscaler ordered."""
+        dgd = await self._get_dgd()
+        services = self._services(dgd)
+        counts: Replicas = {}
+        for role, name in self._resolve_services(dgd).items():
+            value = services[name].get("replicas")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConnectorError(
+                    f"{self._where()}: spec.services.{name}.replicas is {value!r}, not a count"
+                )
+            counts[role] = value
+        return counts
+
     async def set_replicas(
         self, targets: Replicas, remove: Mapping[Role, Sequence[str]] | None = None
     ) -> None:
         """Set each role's replicas. `remove[role]`: the engines (worker ids: pod names or uids)
         the planner would rather lose first when that role goes down, in order; their pods get a
-        deletion cost before the replicas change. Without it no pod is read or written."""
+        deletion cost before the replicas change. Without it no pod is read or written. In shadow
+        mode it refuses, before any call."""
+        if self.config.mode == "shadow":
+            raise ConnectorError(
+                f"{self._where()}: the connector runs in shadow mode and never writes "
+                f"(asked to set {dict(targets)})"
+            )
         unknown = sorted(set(targets) - set(self.roles))
         if unknown:
             raise ConnectorError(

@@ -370,6 +370,27 @@ class SlaDiagnostics(Record):
     forecast: _section(SlaForecast) = None  # attainment sizing only
 
 
+# --- shadow mode ---------------------------------------------------------------------------------
+
+
+class ShadowRole(Record):
+    """One role beside the incumbent autoscaler (app/core/shadow.py)."""
+
+    incumbent: Num = None  # engines the incumbent runs: the DGD's replicas, the orchestrator's report
+    incumbent_ready: Num = None  # of those, ready
+    planner: Num = None  # what the planner would have ordered (its target, else its last order)
+    wish: Num = None  # SLA scaling's wish, before bounds and overrides
+    # Predicted share of requests within target under the tick's observed demand (the planner's
+    # model, not a measurement); None when the model cannot say.
+    attainment_incumbent: Num = None
+    attainment_planner: Num = None
+
+
+class ShadowDiagnostics(Record):
+    caveat: Text = None
+    roles: _sections(ShadowRole) = None
+
+
 # --- the tick ------------------------------------------------------------------------------------
 
 
@@ -414,6 +435,8 @@ class TickDiagnostics(Record):
     # written by the shells around the tick: its sample (`billed`, `idle`, `gpus_per_engine`,
     # `cost_per_gpu_hour`) and `totals`; read leniently by app/core/cost/account.py.
     cost: dict[str, Any] | None = None
+    # Shadow mode: what the incumbent ran beside what the planner would have ordered.
+    shadow: _section(ShadowDiagnostics) = None
     verdict: Text = None
     decision_id: int | None = None
 

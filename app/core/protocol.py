@@ -5,6 +5,8 @@
 - An operator override supersedes an unacknowledged decision at once; so does SLA scaling, which
   accounts for the engines still starting itself.
 - A target equal to the one in force (pending or succeeded) creates nothing.
+- In shadow mode decisions are recorded as `shadow` and never awaited: a new target simply
+  follows the last one, and one equal to it creates nothing.
 """
 
 from __future__ import annotations
@@ -45,10 +47,16 @@ def judge(
     now_s: float,
     ack_timeout_s: float,
     await_ack: bool = True,
+    shadow: bool = False,
 ) -> ProtocolOutcome:
     """`await_ack=False` is the advisory connector: nobody acknowledges, so a pending decision
-    never holds the next one back."""
-    in_force = latest is not None and latest.status in (DecisionStatus.PENDING, DecisionStatus.SUCCEEDED)
+    never holds the next one back. `shadow`: the deployment runs in shadow mode, where the last
+    shadow decision is the one a new target is compared with; out of it a shadow decision (made
+    before the switch to control) orders nothing, and a new target creates a decision."""
+    in_force_statuses = [DecisionStatus.PENDING, DecisionStatus.SUCCEEDED]
+    if shadow:
+        in_force_statuses.append(DecisionStatus.SHADOW)
+    in_force = latest is not None and latest.status in in_force_statuses
     if in_force and latest.replicas == target:  # type: ignore[union-attr]
         return ProtocolOutcome(Verdict.UNCHANGED, f"target equals decision {latest.id} ({latest.status})")  # type: ignore[union-attr]
 

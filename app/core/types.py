@@ -46,6 +46,8 @@ class DecisionStatus(StrEnum):
     FAILED = "failed"
     SUPERSEDED = "superseded"
     EXPIRED = "expired"
+    # Shadow mode: what the planner would have ordered, recorded and never applied.
+    SHADOW = "shadow"
 
 
 class OverrideAction(StrEnum):

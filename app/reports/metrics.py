@@ -14,6 +14,7 @@ from app.core.diagnostics import LoadDiagnostics, SlaDiagnostics, ThroughputDiag
 from app.core.seed.load_types import LoadReason
 from app.core.seed.throughput import ThroughputReason
 from app.reports.cost_metrics import CostMetrics
+from app.reports.shadow_metrics import ShadowMetrics
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,7 @@ class PlannerMetrics:
             registry=r,
         )
         self.cost = CostMetrics(r)  # the cost account's counters (app/reports/cost_metrics.py)
+        self.shadow = ShadowMetrics(r)  # shadow mode's gauges (app/reports/shadow_metrics.py)
         # Only on PostgreSQL, where a listener exists: a constant 0 on SQLite would read as an outage.
         self.notify_connected: Gauge | None = None
 

@@ -205,8 +205,10 @@ def propose_decision(
     tick_id: int | None = None,
     override_id: int | None = None,
     remove: Mapping[str, Sequence[str]] | None = None,
+    shadow: bool = False,
 ) -> ProposalResult:
-    """Apply the decision protocol to a new target; the caller commits."""
+    """Apply the decision protocol to a new target; the caller commits. `shadow`: the deployment
+    runs in shadow mode, and the decision is recorded as `shadow` (never applied nor awaited)."""
     lock_deployment(session, deployment)
     latest = latest_decision(session, deployment)
     if latest is not None:
@@ -222,6 +224,7 @@ def propose_decision(
         now_s=now.timestamp(),
         ack_timeout_s=ack_timeout_s,
         await_ack=await_ack,
+        shadow=shadow,
     )
     if outcome.verdict != Verdict.CREATE:
         return ProposalResult(outcome, None, None)
@@ -242,7 +245,7 @@ def propose_decision(
         source=str(source),
         reasons=[*reasons, f"protocol: {outcome.reason}"],
         created_at=now,
-        status=str(DecisionStatus.PENDING),
+        status=str(DecisionStatus.SHADOW if shadow else DecisionStatus.PENDING),
         tick_id=tick_id,
         override_id=override_id,
         remove={role: list(ids) for role, ids in remove.items()} if remove else None,
@@ -336,7 +339,16 @@ def _replicas_text(observed: dict[str, int] | None) -> str:
 
 
 def complete_decision_or_raise(session: Session, **kwargs) -> Decision:  # type: ignore[no-untyped-def]
-    """`complete_decision`, committing the acknowledgement even when it conflicts."""
+    """`complete_decision`, committing the acknowledgement even when it conflicts. A shadow
+    decision is not acknowledged at all (nothing is stored): nobody applies it, and observed
+    counts on it would read as what runs."""
+    shadow = get_decision_or_raise(session, kwargs["deployment"], kwargs["decision_id"])
+    if shadow.status == DecisionStatus.SHADOW:
+        raise ConflictError(
+            f"decision {shadow.decision_id} is a shadow decision: deployment {shadow.deployment} "
+            "runs in shadow mode, where the planner's decisions are recorded and never applied; "
+            f"report what runs with POST /decisions/{shadow.decision_id}/progress instead"
+        )
     result = complete_decision(session, **kwargs)
     session.commit()
     if result.outcome == "conflict":

@@ -126,3 +126,23 @@ def latest_ticks(
         .execution_options(yield_per=1000)
     )
     return total, ((at, record) for at, record in session.execute(query))
+
+
+def latest_sections(
+    session: Session,
+    deployment: str,
+    since: datetime | None,
+    until: datetime | None,
+    limit: int,
+    sections: tuple[str, ...],
+) -> Iterator[tuple[datetime, dict[str, Any]]]:
+    """The latest `limit` ticks of the range oldest first, streamed, each as its time and
+    {section: value} of the named top-level sections only (read by the database)."""
+    latest = _in_range(select(Tick.id), deployment, since, until).order_by(Tick.at.desc(), Tick.id.desc())
+    query = (
+        select(Tick.at, *(Tick.record[name] for name in sections))
+        .where(Tick.id.in_(latest.limit(limit).scalar_subquery()))
+        .order_by(Tick.at, Tick.id)
+        .execution_options(yield_per=1000)
+    )
+    return ((row[0], dict(zip(sections, row[1:], strict=True))) for row in session.execute(query))

@@ -40,9 +40,12 @@ class ActuateMixin:
 
     def actuate(self, decision: Decision) -> None:
         """Hand a pending decision to the connector in the background, once; virtual and none
-        deployments have no connector (the orchestrator, or nobody, acknowledges)."""
+        deployments have no connector (the orchestrator, or nobody, acknowledges); in shadow mode
+        nothing is handed over."""
         if self.connector is None or not self.is_leader or decision.decision_id in self._actuating:
             return
+        if self.config.shadow:
+            return  # shadow mode writes nothing (its decisions are never pending, besides)
         self._actuating.add(decision.decision_id)
         task = asyncio.create_task(self._actuate(decision))
         self._actuations.add(task)
@@ -51,7 +54,7 @@ class ActuateMixin:
     async def on_decision_stored(self, decision_id: int) -> None:
         """A decision was stored outside the tick (an operator pin): actuate it now, not at
         the next tick."""
-        if self.connector is None or not self.is_leader:
+        if self.connector is None or not self.is_leader or self.config.shadow:
             return
 
         def load() -> Decision:

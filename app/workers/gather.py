@@ -51,6 +51,9 @@ class Gathered:
     # Per signal this tick assessed, whether it was read (signals.py counts the misses).
     signals: dict[str, bool] = field(default_factory=dict)
     ready_source: str | None = None  # where `ready` comes from
+    # Shadow mode: per role what the incumbent autoscaler runs (the DGD's replicas, or the
+    # orchestrator's reported counts); None: unknown, or not in shadow mode.
+    incumbent: dict[Role, int] | None = None
 
     def traffic_json(self) -> dict[str, Any]:
         observed = None
@@ -155,9 +158,34 @@ class GatherMixin:
                 self._overflow[role] = snapshot.trainable_overflow
                 fpm[role] = snapshot.records()
                 sources[role] = fpm_as_json(snapshot)
-        ready = await self._ready_counts() if needs.fpm or needs.traffic_window_s is not None else None
+        # In shadow mode what runs is read at every tick: it is what the tick records beside the
+        # planner's count.
+        shadow = self.config.shadow
+        asked = needs.fpm or needs.traffic_window_s is not None
+        ready = await self._ready_counts() if asked or shadow else None
+        incumbent = await self._incumbent(ready) if shadow else None
         signals = self._signals_read(needs.traffic_window_s is not None, traffic, error, fpm_new)
-        return Gathered(traffic, error, fpm, fpm_new, complete, ready, sources, signals, self.ready_source)
+        return Gathered(
+            traffic, error, fpm, fpm_new, complete, ready, sources, signals, self.ready_source, incumbent
+        )
+
+    async def _incumbent(self, ready: dict[Role, int] | None) -> dict[Role, int] | None:
+        """Shadow mode: what the incumbent runs. Behind Kubernetes, the replicas the DGD's
+        services are set to (whoever set them; `ready` lags them by the engines' start-up);
+        behind the virtual connector, the orchestrator's reported counts, which are `ready`."""
+        read = getattr(self.connector, "incumbent_replicas", None)
+        if read is None:
+            return ready
+        try:
+            return await read()  # type: ignore[no-any-return]
+        except ConnectorError as exc:
+            log.warning(
+                "[%s] the incumbent's replicas unavailable: %s",
+                self.config.name,
+                exc,
+                extra={"deployment": self.config.name},
+            )
+            return None
 
     def _signals_read(
         self,

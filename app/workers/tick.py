@@ -27,6 +27,7 @@ from app.core.planner import Effects, Planner, TickInput
 from app.core.types import DecisionStatus
 from app.planner_setup import planner_settings
 from app.reports.metrics import PlannerMetrics
+from app.reports.shadow import DEFAULT_WINDOW_S, read_shadow_report
 from app.store import decisions as decision_store
 from app.store import fleet as fleet_store
 from app.store import planner_state as state_store
@@ -37,6 +38,7 @@ from app.store.overrides import active_overrides
 from app.store.settings import StoredSettings
 from app.workers.cost import CostStep
 from app.workers.gather import Gathered
+from app.workers.shadow import tick_shadow
 from app.workers.signals import SignalHealth
 
 # The worker's logger, whichever of its modules logs (loop.py says why).
@@ -148,6 +150,7 @@ class TickMixin:
                     tick_id=tick.id,
                     override_id=overrides.pin_id,
                     remove=effects.remove,
+                    shadow=self.config.shadow,
                 )
                 decision = proposal.decision
                 verdict = f"{proposal.outcome.verdict}: {proposal.outcome.reason}"
@@ -161,11 +164,16 @@ class TickMixin:
                 ready=gathered.ready,
                 fpm=gathered.fpm,
             )
+            shadow = None
+            if self.config.shadow:
+                last = decision_store.replicas_of(latest) if latest is not None else None
+                shadow = tick_shadow(self.planner, effects, gathered, last, now.timestamp())
             record = record.model_copy(
                 update={
                     "verdict": verdict,
                     "decision_id": decision.decision_id if decision else None,
                     "cost": cost.section,
+                    "shadow": shadow,
                 }
             )
             tick.record = record.as_json()
@@ -181,6 +189,11 @@ class TickMixin:
         self._metrics.observe_throughput(name, record.throughput)
         self._metrics.observe_load(name, record.load, load_enabled=self.config.load.enabled)
         self._metrics.observe_sla(name, record.sla)
+        if record.shadow is not None:
+            self._metrics.shadow.observe_tick(name, record.shadow)
+            with self._sf() as session:
+                window = read_shadow_report(session, name, self.config.roles, now, DEFAULT_WINDOW_S)
+            self._metrics.shadow.observe_window(name, window)
         summary = f"[{name}] tick {tick.id}: target {effects.target}; {_notes(record)}; {verdict}"
         log.info(
             summary,

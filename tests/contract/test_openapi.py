@@ -17,6 +17,7 @@ EXPECTED_OPERATION_IDS = {
     "metrics",
     "list_deployments",
     "get_deployment",
+    "get_shadow_report",
     "get_settings",
     "change_settings",
     "list_decisions",

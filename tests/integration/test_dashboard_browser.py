@@ -171,3 +171,50 @@ def test_dashboard_report_and_docs_render_in_chromium(tmp_path: Path, cleanup: l
     operations = re.findall(r'class="opblock opblock-(?:get|post|delete)', docs)
     assert len(operations) >= 10, docs[:3000]
     assert "/decisions/wait" in docs
+
+
+@pytest.mark.timeout(240)
+def test_dashboard_shows_a_shadow_deployment_beside_its_incumbent(tmp_path: Path, sqlite_dbs) -> None:
+    """A shadow deployment (virtual, an orchestrator reporting its own counts): the dashboard draws
+    the incumbent's and the planner's counts over time and says how often they agree."""
+    from tests.integration.test_shadow_e2e import Traffic, latest_decision, shadow_file, wait_ticks
+    from tests.support import ORCH, TOKENS, VIEWER, PlannerProcess, expect, poll, start_or_fail
+    from tests.support_frontend import FrontendExporter
+
+    with FrontendExporter() as frontend, Traffic(frontend):
+        config = shadow_file(tmp_path, {"type": "virtual", "mode": "shadow"}, frontend)
+        proc = start_or_fail(
+            PlannerProcess(sqlite_dbs.fresh(), config, tokens=TOKENS, log_path=tmp_path / "planner.log")
+        )
+        try:
+            with httpx.Client(base_url=proc.base_url, headers=VIEWER, timeout=30) as client:
+                poll(lambda: latest_decision(client) is not None, "a shadow decision", proc, steps=2000)
+                decision = latest_decision(client)
+                assert decision is not None
+                expect(
+                    client.post(
+                        f"/decisions/{decision['id']}/progress",
+                        headers=ORCH,
+                        params={"deployment": "demo"},
+                        json={"observed": {"prefill": 1, "decode": 1}},
+                    ),
+                    200,
+                    proc,
+                )
+                wait_ticks(client, proc)
+            dom = chromium(tmp_path, f"{proc.base_url}/dashboard#token=viewer-token-1", "--dump-dom")
+        finally:
+            proc.stop()
+    page = Charts()
+    page.feed(dom)
+    assert page.body.get("data-state") == "ready", dom[:3000]
+    # The shadow chart only for the shadow deployment (the control one beside it has none).
+    assert dom.count('data-chart="shadow"') == 1
+    assert dom.count('data-deployment="ctl"') == 1
+    shadow = page.charts["shadow"]
+    assert shadow["svg"] and shadow["points"] > 0 and not shadow["empty"], shadow
+    agreement = re.search(r'data-agreement="([0-9.]+)"[^>]*>shadow mode over the last 3600 s', dom)
+    assert agreement, dom[:3000]
+    assert 0.0 <= float(agreement.group(1)) <= 1.0
+    assert "within one engine" in dom and "not a measurement" in dom
+    assert "shadow mode: nothing is written" in dom

@@ -658,6 +658,21 @@ async def test_set_replicas_refuses_a_role_of_another_mode(
     assert standin.requests == []
 
 
+async def test_shadow_mode_reads_and_never_writes(
+    standin: KubeStandIn, make_connector: Callable[..., KubernetesConnector]
+) -> None:
+    """Shadow mode: the incumbent's replicas are the services' spec, ready or not; a write is
+    refused before any call, whatever it asks."""
+    put_dgd(standin, dgd_object(service_status={"PrefillWorker": {"availableReplicas": 0}}))
+    connector = make_connector(mode="shadow")
+    # Spec 1 and 2 (disagg_services), though no prefill engine is available yet.
+    assert await connector.incumbent_replicas() == {"prefill": 1, "decode": 2}
+    standin.clear_requests()
+    with pytest.raises(ConnectorError, match="shadow mode and never writes"):
+        await connector.set_replicas({"prefill": 3, "decode": 5})
+    assert standin.requests == []
+
+
 async def test_agg_scales_the_decode_service(
     standin: KubeStandIn, make_connector: Callable[..., KubernetesConnector]
 ) -> None:

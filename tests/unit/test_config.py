@@ -41,6 +41,22 @@ def test_minimal_file_takes_defaults(tmp_path: Path) -> None:
     assert d.tick_interval_s == 180.0
 
 
+@pytest.mark.parametrize(
+    ("connector", "shadow", "awaits_ack"),
+    [
+        ({"type": "virtual"}, False, True),
+        ({"type": "virtual", "mode": "shadow"}, True, False),
+        ({"type": "kubernetes", "dgd_name": "x", "mode": "shadow"}, True, False),
+        ({"type": "none"}, False, False),
+    ],
+    ids=["virtual_control_by_default", "virtual_shadow", "kubernetes_shadow", "none"],
+)
+def test_connector_mode(connector: dict[str, Any], shadow: bool, awaits_ack: bool) -> None:
+    """Shadow mode is off by default; a shadow decision is awaited by nobody."""
+    d = DeploymentConfig.model_validate({**demo_config()["deployments"][0], "connector": connector})
+    assert (d.shadow, d.awaits_ack) == (shadow, awaits_ack)
+
+
 def _mutated(mutate: Callable[[dict[str, Any]], None]) -> str:
     config = copy.deepcopy(demo_config())
     mutate(config)
@@ -204,6 +220,19 @@ BAD_FILE_CASES = [
         "algorithms are a closed set",
         _mutated(_set("scaling", {"algorithm": "magic"})),
         ["deployments[0].scaling.algorithm:", "'sla' or 'seed'"],
+    ),
+    BadFileCase(
+        "none_connector_has_no_mode",
+        "shadow mode reads what runs through the virtual or Kubernetes connector; the advisory "
+        "connector reads nothing to compare with, so a mode there is refused, not ignored",
+        _mutated(_set("connector", {"type": "none", "mode": "shadow"})),
+        ["deployments[0].connector: unknown key 'mode'"],
+    ),
+    BadFileCase(
+        "unknown_connector_mode",
+        "the modes are a closed set",
+        _mutated(_set("connector", {"type": "virtual", "mode": "spy"})),
+        ["deployments[0].connector.mode:", "'control' or 'shadow'"],
     ),
     BadFileCase(
         "not_utf8",

@@ -230,6 +230,60 @@ def test_judge(case: JudgeCase) -> None:
     assert outcome == case.expected, case.why
 
 
+@dataclass(frozen=True)
+class ShadowCase:
+    name: str
+    why: str
+    latest: DecisionView | None
+    target: Replicas
+    shadow: bool
+    expected: ProtocolOutcome
+
+
+SHADOW_CASES = [
+    ShadowCase(
+        "shadow_same_target",
+        "in shadow mode the last shadow decision is what a target is compared with: the same one "
+        "records nothing new",
+        decision(S.SHADOW),
+        OLD,
+        True,
+        ProtocolOutcome(Verdict.UNCHANGED, "target equals decision 7 (shadow)"),
+    ),
+    ShadowCase(
+        "shadow_new_target",
+        "a shadow decision awaits nobody: a new target follows it at once, and it stays as it was",
+        decision(S.SHADOW),
+        NEW,
+        True,
+        ProtocolOutcome(Verdict.CREATE, "no decision awaits acknowledgement"),
+    ),
+    ShadowCase(
+        "control_after_shadow",
+        "switched to control, a shadow decision ordered nothing that runs: the same target is a new "
+        "decision, which the orchestrator or the connector then applies",
+        decision(S.SHADOW),
+        OLD,
+        False,
+        ProtocolOutcome(Verdict.CREATE, "no decision awaits acknowledgement"),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", SHADOW_CASES, ids=lambda c: c.name)
+def test_judge_in_shadow_mode(case: ShadowCase) -> None:
+    outcome = judge(
+        latest=case.latest,
+        target=case.target,
+        source=SRC.SLA,
+        now_s=T0_S,
+        ack_timeout_s=TIMEOUT_S,
+        await_ack=not case.shadow,
+        shadow=case.shadow,
+    )
+    assert outcome == case.expected, case.why
+
+
 def test_judge_does_not_mutate_its_inputs() -> None:
     latest = decision(S.PENDING)
     target = dict(NEW)

@@ -519,6 +519,7 @@ def test_on_tick_diagnostics_record() -> None:
         "signals": None,  # the worker's account of what it read
         "ready_source": None,
         "cost": None,  # the shells' cost account (app/workers/cost.py, app/embedding.py)
+        "shadow": None,  # shadow mode's section, the worker's (app/workers/shadow.py)
         "verdict": None,
         "decision_id": None,
     }

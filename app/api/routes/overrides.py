@@ -141,6 +141,7 @@ def create_override(
             await_ack=config.awaits_ack,
             override_id=override.id,
             remove=remove,
+            shadow=config.shadow,
         )
         decision = proposal.decision
         outcome = f"{proposal.outcome.verdict}: {proposal.outcome.reason}"

@@ -1,8 +1,10 @@
 // The planner's live dashboard (app/api/routes/dashboard.py): polls the JSON API and draws, per
 // deployment, the load, the replicas against their targets, TTFT and ITL against the SLA, and for
 // SLA scaling its demand, forecast headroom, measured scale and correction, lead and wishes, with
-// the decisions and their reasons. Query parameters: refresh_s (default 2), window_s (planner
-// seconds of ticks kept, default 3600). A token: `#token=...` once, or the form.
+// the decisions and their reasons; for a deployment in shadow mode, the incumbent's counts beside
+// the planner's and how often they agree (GET /deployments/{name}/shadow). Query parameters:
+// refresh_s (default 2), window_s (planner seconds of ticks kept, default 3600). A token:
+// `#token=...` once, or the form.
 "use strict";
 
 (function () {
@@ -24,6 +26,11 @@
     { id: "scale", title: "SLA scaling: measured scale and capacity correction", y: "×" },
     { id: "lead", title: "SLA scaling: lead (s), measured or the start-up estimate", y: "s" },
   ];
+  // Only for a deployment in shadow mode.
+  const SHADOW_CHART = {
+    id: "shadow", title: "Shadow mode: engines the incumbent ran (solid), the planner would have ordered (dotted)", y: "engines",
+  };
+  const MAX_SHADOW_WINDOW_S = 86400; // the report's largest window
 
   // --- auth -------------------------------------------------------------------------------------
 
@@ -110,7 +117,14 @@
       // Per role, an order whose engines did not come within the wait bound (docs/scaling.md).
       unavailable: (sla && sla.capacity_unavailable) || null,
       sla: !!sla,
+      // Shadow mode: per role what the incumbent ran and what the planner would have ordered.
+      shadow: { incumbent: {}, planner: {} },
     };
+    const shadowRoles = (r.shadow && r.shadow.roles) || {};
+    for (const [role, s] of Object.entries(shadowRoles)) {
+      if (num(s.incumbent) !== null) row.shadow.incumbent[role] = s.incumbent;
+      if (num(s.planner) !== null) row.shadow.planner[role] = s.planner;
+    }
     const fleetRoles = (r.fleet && r.fleet.roles) || {};
     for (const [role, g] of Object.entries(fleetRoles)) if (num(g.granted) !== null) row.grant[role] = g.granted;
     for (const [role, section] of Object.entries(roles)) {
@@ -139,7 +153,7 @@
       const grid = document.createElement("div");
       grid.className = "grid";
       this.charts = {};
-      for (const spec of CHARTS) {
+      for (const spec of info.shadow ? [SHADOW_CHART, ...CHARTS] : CHARTS) {
         const div = document.createElement("div");
         div.className = "chart";
         div.id = this.name + "-" + spec.id;
@@ -154,7 +168,14 @@
       this.cost = document.createElement("p");
       this.cost.className = "facts cost";
       this.cost.dataset.cost = "";
-      this.section.append(title, this.facts, this.cost, grid, this.table);
+      this.section.append(title, this.facts, this.cost);
+      if (info.shadow) {
+        this.shadow = document.createElement("p");
+        this.shadow.className = "facts shadow";
+        this.shadow.dataset.agreement = "";
+        this.section.append(this.shadow);
+      }
+      this.section.append(grid, this.table);
       document.getElementById("deployments").appendChild(this.section);
     }
 
@@ -195,8 +216,13 @@
         const from = this.ticks[0].t;
         this.costReport = await getJson("diagnostics/cost?deployment=" + encodeURIComponent(this.name) + "&since=" + encodeURIComponent(from));
       }
+      if (this.info.shadow) {
+        const windowS = Math.min(WINDOW_S, MAX_SHADOW_WINDOW_S);
+        this.shadowReport = await getJson("deployments/" + encodeURIComponent(this.name) + "/shadow?window_s=" + windowS);
+      }
       this.render();
       this.renderCost();
+      if (this.info.shadow) this.renderShadow();
     }
 
     render() {
@@ -207,7 +233,7 @@
       const roles = ROLES.filter((r) => ticks.some((t) => r in t.target || r in t.ready) || (info.roles && r in info.roles));
       const facts = [
         ["mode", info.mode],
-        ["connector", info.connector],
+        ["connector", info.connector + (info.shadow ? " (shadow mode: nothing is written)" : "")],
         ["SLA", `TTFT ${sla.ttft_ms} ms, ITL ${sla.itl_ms} ms`],
         ["ready", info.ready ? fmtCounts(info.ready) : "unknown"],
         ["desired", info.desired ? fmtCounts(info.desired) : "none yet"],
@@ -250,6 +276,14 @@
         });
       }
       this.draw("replicas", replicaTraces, "no replica counts in the ticks yet");
+      if (info.shadow) {
+        const shadowTraces = [];
+        for (const role of roles) {
+          shadowTraces.push(line(role + " incumbent", x, ticks.map((t) => t.shadow.incumbent[role] ?? null), { colour: COLOURS[role], shape: "hv" }));
+          shadowTraces.push(line(role + " planner", x, ticks.map((t) => t.shadow.planner[role] ?? null), { colour: COLOURS[role], dash: "dot", shape: "hv" }));
+        }
+        this.draw("shadow", shadowTraces, "no shadow tick yet");
+      }
 
       this.draw("ttft", [
         line("observed TTFT", x, ticks.map((t) => t.ttft)),
@@ -290,7 +324,7 @@
 
     draw(id, traces, why) {
       const div = this.charts[id];
-      const spec = CHARTS.find((c) => c.id === id);
+      const spec = [SHADOW_CHART, ...CHARTS].find((c) => c.id === id);
       const points = traces.filter((t) => t.meta !== "reference" && t.meta !== "flag")
         .reduce((n, t) => n + (t.y || []).filter((v) => num(v) !== null).length, 0);
       div.dataset.points = String(points);
@@ -331,6 +365,24 @@
         `cost over the ticks shown: ${f(c.cost)} at ${c.cost_per_gpu_hour} per GPU-hour (${f(c.gpu_hours_total)} GPU-hours: ${roles})` +
         (hour ? `; this hour ${f(hour.cost)}` : "") +
         `; idle ${pct(c.idle_share)}; static at the peak (${fmtCounts(c.peak_engines)}) ${f(c.static_cost)}, saving ${f(c.saving)} (${pct(c.saving_share)})`;
+    }
+
+    renderShadow() {
+      const s = this.shadowReport;
+      if (!s || !s.ticks) {
+        this.shadow.textContent = "shadow mode: " + ((s && s.note) || "no shadow tick yet");
+        return;
+      }
+      const pct = (v) => (v === null || v === undefined ? "unknown" : (100 * v).toFixed(0) + "%");
+      const f = (v) => (v === null || v === undefined ? "–" : v.toFixed(2));
+      const attainment = (side) => Object.entries(side.mean_predicted_attainment)
+        .map(([r, v]) => `${r} ${pct(v)}`).join(", ");
+      this.shadow.dataset.agreement = String(s.agreement_exact);
+      this.shadow.textContent =
+        `shadow mode over the last ${s.window_s} s (${s.ticks} ticks, ${s.compared} compared): ` +
+        `the planner agreed with the incumbent exactly ${pct(s.agreement_exact)}, within one engine ${pct(s.agreement_within_one)}; ` +
+        `GPU-hours incumbent ${f(s.incumbent.gpu_hours_total)} (cost ${f(s.incumbent.cost)}), planner ${f(s.planner.gpu_hours_total)} (cost ${f(s.planner.cost)}); ` +
+        `predicted attainment incumbent ${attainment(s.incumbent)}, planner ${attainment(s.planner)} (${s.caveat})`;
     }
 
     renderDecisions() {
