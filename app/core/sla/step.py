@@ -216,8 +216,9 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
             "inflight_requests": inp.traffic.inflight_requests if inp.traffic else None,
         }
     state.wishes.append(Wish(now, wish))
-    # Attainment sizing keeps engines by its own horizon (decide.py): no window, no hold.
-    window_s = 0.0 if by_attainment else scale_down_window_s(settings, lead_s)
+    # Attainment sizing: an engine released now is back a lead later at the earliest, so a count
+    # chosen within the last lead says the traffic may ask for it again before a new one serves.
+    window_s = settings.keep_window_leads * lead_s if by_attainment else scale_down_window_s(settings, lead_s)
     diagnostics["scale_down_window_s"] = round(window_s, 1)
     # Strictly older than the window: with a window of 0 the current wish stays in it.
     while state.wishes and state.wishes[0].t_s < now - window_s:
