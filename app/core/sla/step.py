@@ -18,7 +18,8 @@ engine's latest forward passes (FPM) and the ready counts, and per role decides 
      serves the scenarios' request-weighted `sla.attainment_target` quantile, lowered while one
      fewer still has an expected attainment (queue model, each scenario weighted by the
      requests it brings) at or above the target. The count is the larger of the up count and
-     the current count lowered no further than the keep count.
+     the current count lowered no further than the keep count, and lowered only to the highest
+     count of the last lead (`keep_window_leads`).
    - `headroom` (demand.py, wish.py, quiet.py): the level raised by a learned headroom (the
      quantile of how far the level rose within a lead), a ramp under way and a surge; kept in
      quiet periods while a return is likely; lowered only to the highest wish of the
