@@ -91,6 +91,11 @@ ABLATIONS: dict[str, tuple[str, Any, Any]] = {
         (forecast, "calibration"),
         lambda original: lambda *a, **k: forecast.Shift(),
     ),
+    "keep window": (
+        "a count is lowered as soon as the horizons allow, not only to the last lead's highest",
+        "keep_window_leads",
+        0.0,
+    ),
     "history-peak bound": ("no bound on the scenarios (forecast_cap)", "forecast_cap", 1e9),
     "cold-start growth": (
         "the prior is the level now, no growth (cold_start_growth)",

@@ -496,3 +496,52 @@ def test_scale_to_zero_sleeps_after_a_quiet_period_and_wakes_on_a_request(h200: 
     assert 11 + 120 / TICK_S <= asleep_at < 72
     assert SlaReason.WAKE_UP in reasons[72:]
     assert all(c["prefill"] >= 1 for _, _, c in ticks[72:])
+
+
+def _run_with_lead(model: PerfModel, rates: list[float], lead_ticks: int, **overrides: object) -> list:
+    """Like `run`, but ordered engines are ready `lead_ticks` ticks after their order (a
+    start-up), and released ones go at once: the measured lead is `lead_ticks` ticks."""
+    settings = settings_for(model, **overrides)
+    state = SlaState()
+    target = {"prefill": 1, "decode": 1}
+    ready = dict(target)
+    arriving: list[tuple[int, dict]] = []
+    out = []
+    for i, rate in enumerate(rates):
+        now = (i + 1) * TICK_S
+        for due, counts in [a for a in arriving if a[0] <= i]:
+            ready = {role: max(ready[role], counts[role]) for role in ready}
+        arriving = [a for a in arriving if a[0] > i]
+        traffic = TrafficSample(now, TICK_S, rate * TICK_S, 2000.0, 100.0)
+        result = sla_step(model, state, SlaInput(now, traffic, {}, dict(ready), dict(target)), settings)
+        if result.replicas is not None:
+            target = dict(result.replicas)
+            ready = {role: min(ready[role], target[role]) for role in ready}  # releases go at once
+            arriving.append((i + lead_ticks, dict(target)))
+        out.append((now, result, dict(target)))
+    return out
+
+
+def test_a_count_is_held_for_a_lead_after_the_traffic_last_asked_for_it(h200: PerfModel) -> None:
+    # Four minutes at 200 req/s, then a trickle: an engine released now would be back a lead
+    # (here 12 ticks, 60 s) later at the earliest, so what the burst's last tick asked for stays
+    # until a lead has passed without a tick asking for it again; without the window it goes as
+    # soon as the keep horizon allows.
+    rates = [200.0] * 48 + [5.0] * 60
+    lead_ticks = 12
+
+    def first_release(ticks: list) -> int:
+        steady = ticks[47][2]["prefill"]  # what the burst's last tick ordered
+        return next(i for i, (_, _, c) in enumerate(ticks) if i >= 48 and c["prefill"] < steady)
+
+    held = _run_with_lead(h200, rates, lead_ticks)
+    unheld = _run_with_lead(h200, rates, lead_ticks, keep_window_leads=0.0)
+    assert held[40][1].diagnostics["scale_down_window_s"] == pytest.approx(lead_ticks * TICK_S)
+    # The last tick whose own count was the burst's: the window counts from it.
+    steady = held[47][2]["prefill"]
+    wishes = [r.diagnostics["roles"]["prefill"]["wish"] for _, r, _ in held]
+    last_asked = max(i for i, w in enumerate(wishes) if w >= steady)
+    assert last_asked >= 47
+    assert first_release(held) - last_asked >= lead_ticks
+    assert first_release(unheld) < first_release(held)
+    assert held[-1][2]["prefill"] < steady  # and then the engines go

@@ -14,7 +14,8 @@ least demand at or below which `attainment_target` of the requests lie): it meet
 every scenario it covers. From there it goes down one engine at a time while the expected
 attainment of one fewer, each scenario weighted by the requests it brings, still meets the target.
 The target is the larger of the up count and the current count lowered no further than the keep
-count; while the keep horizon still leans on the forecast's prior, nothing is lowered. Quiet
+count; while the keep horizon still leans on the forecast's prior, nothing is lowered, and the
+step (step.py) lowers a count only to the highest of the last lead. Quiet
 periods need nothing of their own: what came after quiet moments is in the pairs. What the queue
 asks now (the drainable backlog and what it gains before ordered engines serve, the prompts its
 drain sends decode, the requests the decode engines hold) is sized on top and loads every

@@ -110,6 +110,12 @@ class SlaModel(BaseModel):
         ge=0,
         description="the scale-down window in measured scaling latencies if longer than scale_down_window_s",
     )
+    keep_window_leads: float = Field(
+        default=1.0,
+        ge=0,
+        description="attainment sizing: a count is lowered only to the highest of the counts chosen over "
+        "the last this many measured scaling latencies",
+    )
     history_s: float = Field(
         default=1800.0, gt=0, description="how much of the traffic's past the forecast learns from"
     )

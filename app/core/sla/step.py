@@ -18,7 +18,8 @@ engine's latest forward passes (FPM) and the ready counts, and per role decides 
      serves the scenarios' request-weighted `sla.attainment_target` quantile, lowered while one
      fewer still has an expected attainment (queue model, each scenario weighted by the
      requests it brings) at or above the target. The count is the larger of the up count and
-     the current count lowered no further than the keep count.
+     the current count lowered no further than the keep count, and lowered only to the highest
+     count of the last lead (`keep_window_leads`).
    - `headroom` (demand.py, wish.py, quiet.py): the level raised by a learned headroom (the
      quantile of how far the level rose within a lead), a ramp under way and a surge; kept in
      quiet periods while a return is likely; lowered only to the highest wish of the
@@ -216,8 +217,9 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
             "inflight_requests": inp.traffic.inflight_requests if inp.traffic else None,
         }
     state.wishes.append(Wish(now, wish))
-    # Attainment sizing keeps engines by its own horizon (decide.py): no window, no hold.
-    window_s = 0.0 if by_attainment else scale_down_window_s(settings, lead_s)
+    # Attainment sizing: an engine released now is back a lead later at the earliest, so a count
+    # chosen within the last lead says the traffic may ask for it again before a new one serves.
+    window_s = settings.keep_window_leads * lead_s if by_attainment else scale_down_window_s(settings, lead_s)
     diagnostics["scale_down_window_s"] = round(window_s, 1)
     # Strictly older than the window: with a window of 0 the current wish stays in it.
     while state.wishes and state.wishes[0].t_s < now - window_s:
