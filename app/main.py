@@ -30,6 +30,7 @@ from app.reports.metrics import PlannerMetrics
 from app.store.db import is_postgres, make_engine, make_session_factory
 from app.store.decisions import ensure_deployments
 from app.store.fleet import ensure_fleet
+from app.store.history import save_configs
 from app.store.write_versions import WriteVersions
 from app.workers.clock import Clock, ScaledClock, SharedClock, SystemClock
 from app.workers.fleet import FleetWorker
@@ -79,6 +80,12 @@ def create_app(
         names = [d.name for d in deployments.deployments]
         with session_factory() as session, session.begin():
             ensure_deployments(session, names)
+            # What `planner replay --from-store` replays as the settings that ran.
+            save_configs(
+                session,
+                {d.name: d.with_absolute_paths(base_dir) for d in deployments.deployments},
+                app.state.clock.now(),
+            )
             if deployments.fleet is not None:
                 ensure_fleet(session)
         hub = DecisionHub(
