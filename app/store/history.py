@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, func, select, text, update
+from sqlalchemy import Engine, create_engine, func, inspect, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
@@ -54,11 +54,9 @@ def open_read_only(url: str) -> Engine:
 
 def schema_revision(session: Session) -> str | None:
     """The store's alembic revision; None when it was never migrated."""
-    try:
-        return session.execute(text("SELECT version_num FROM alembic_version")).scalar()
-    except Exception:
-        session.rollback()
+    if not inspect(session.connection()).has_table("alembic_version"):
         return None
+    return session.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
 
 def deployment_names(session: Session) -> list[str]:
