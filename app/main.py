@@ -36,6 +36,7 @@ from app.workers.clock import Clock, ScaledClock, SharedClock, SystemClock
 from app.workers.fleet import FleetWorker
 from app.workers.loop import DeploymentWorker, process_identity
 from app.workers.resources import make_connector, make_fpm_subscribers, make_source
+from app.workers.retention import TrafficPruner
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,14 @@ def create_app(
         app.state.listener = listener
         app.state.workers = workers
         app.state.fleet = fleet
+        pruner = TrafficPruner(
+            session_factory=session_factory,
+            clock=app.state.clock,
+            retention_days=settings.traffic_retention_days,
+        )
+        app.state.pruner = pruner
         if run_workers:
+            pruner.start()
             # The fleet first: its first step grants before the workers' first ticks.
             if fleet is not None:
                 fleet.start()
@@ -165,6 +173,7 @@ def create_app(
                 await fleet.stop()
             for worker in workers.values():
                 await worker.stop()
+            await pruner.stop()
             if listener is not None:
                 await asyncio.to_thread(listener.stop)
             await http.aclose()

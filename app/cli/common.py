@@ -115,5 +115,7 @@ def parse_time(text: str) -> datetime:
     try:
         at = datetime.fromisoformat(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO-8601 time: {text!r} (e.g. 2026-12-01T08:00:00Z)") from None
+        raise argparse.ArgumentTypeError(
+            f"not an ISO-8601 time: {text!r} (e.g. 2026-12-01T08:00:00Z)"
+        ) from None
     return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)

@@ -134,7 +134,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     replay.add_argument(
         "--since",
         type=parse_time,
-        help=f"with --from-store: the window's start, {TIME_HELP} (default: the deployment's first stored tick)",
+        help=f"with --from-store: the window's start, {TIME_HELP} "
+        "(default: the deployment's first stored tick)",
     )
     replay.add_argument(
         "--until",

@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.config import ConfigError, DeploymentConfig, format_validation_error
@@ -28,6 +28,7 @@ from app.store.startup import redacted, sqlite_path
 # The schema a replay reads: the deployment's stored configuration came with this revision.
 NEEDED_REVISION = "0006_deployment_config"
 FLAG = "--from-store"
+
 
 def _one_line(exc: DBAPIError) -> str:
     return " ".join(str(exc.orig).split())
@@ -117,10 +118,14 @@ def _read(session: Session, args: argparse.Namespace) -> tuple[History, Deployme
     names = store.deployment_names(session)
     if name is None:
         if len(names) != 1:
-            raise ConfigError(f"--deployment: required, the store holds {len(names)} ({', '.join(names) or 'none'})")
+            raise ConfigError(
+                f"--deployment: required, the store holds {len(names)} ({', '.join(names) or 'none'})"
+            )
         name = names[0]
     if name not in names:
-        raise ConfigError(f"--deployment: no deployment {name!r} in the store (have: {', '.join(names) or 'none'})")
+        raise ConfigError(
+            f"--deployment: no deployment {name!r} in the store (have: {', '.join(names) or 'none'})"
+        )
     first, last = store.tick_span(session, name)
     if first is None or last is None:
         raise ConfigError(f"--deployment: {name!r} has no stored ticks")
@@ -144,7 +149,9 @@ def _read(session: Session, args: argparse.Namespace) -> tuple[History, Deployme
     elif inside:
         initial = dict(inside[0][1])
     else:
-        raise ConfigError(f"--deployment: {name!r} has no decision up to {until.isoformat()}: nothing ran to replay")
+        raise ConfigError(
+            f"--deployment: {name!r} has no decision up to {until.isoformat()}: nothing ran to replay"
+        )
     history = History(
         deployment=name,
         start=datetime.fromtimestamp(start, UTC),
@@ -178,10 +185,16 @@ def replay_config(args: argparse.Namespace, stored: DeploymentConfig | None, nam
         )
     else:
         if stored.mode != "disagg":
-            raise ConfigError(f"{FLAG}: deployment {name!r}: mode {stored.mode}: the simulator models disagg only")
+            raise ConfigError(
+                f"{FLAG}: deployment {name!r}: mode {stored.mode}: the simulator models disagg only"
+            )
         if not stored.profile:
-            raise ConfigError(f"{FLAG}: deployment {name!r}: no profile stored (the simulator's truth); give --config")
-        config = ReplayConfig(path=Path.cwd() / "stored-config", deployment=stored, simulation=SimulationConfig())
+            raise ConfigError(
+                f"{FLAG}: deployment {name!r}: no profile stored (the simulator's truth); give --config"
+            )
+        config = ReplayConfig(
+            path=Path.cwd() / "stored-config", deployment=stored, simulation=SimulationConfig()
+        )
     return with_overrides(
         config,
         profile=args.profile,
@@ -215,15 +228,17 @@ def run_from_store_command(args: argparse.Namespace, *, started_s: float) -> int
     config = replay_config(args, stored, history.deployment)
     comparison = run_from_store(config, history, Path(args.out), started_s=started_s)
     wall_s = time.perf_counter() - started_s
-    stored_hours = comparison["stored"]
     for name, row in comparison["policies"].items():
         print(
-            f"{name}: SLO attainment {row['slo_attainment']:.1%}, {row['engine_hours']:.2f} engine-hours, "
-            f"{row['gpu_hours']:.2f} GPU-hours, cost {row['cost']:.2f}, {row['scaling_actions']} scaling actions"
+            f"{name}: SLO attainment {row['slo_attainment']:.1%}, "
+            f"{row['window_engine_hours']:.2f} engine-hours in the window, {row['gpu_hours']:.2f} GPU-hours "
+            f"in all (cost {row['cost']:.2f}), {row['scaling_actions']} scaling actions"
         )
+    stored = comparison["stored"]
     print(
-        f"stored decisions: {stored_hours['engine_hours']:.2f} engine-hours, {stored_hours['gpu_hours']:.2f} GPU-hours; "
+        f"stored decisions: {stored['engine_hours']:.2f} engine-hours in the window; "
         f"{comparison['requests']} requests rebuilt from the store; {wall_s:.1f} s wall in all"
     )
-    print(f"wrote {Path(args.out) / 'comparison.json'}, {Path(args.out) / 'per_minute.csv'} and a folder per policy")
+    out = Path(args.out)
+    print(f"wrote {out / 'comparison.json'}, {out / 'per_minute.csv'} and a folder per policy in {out}")
     return 0

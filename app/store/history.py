@@ -95,7 +95,9 @@ class ObservedTick:
     observation: TrafficObservation | None  # None: the tick observed no traffic (or it was pruned)
 
 
-def observed_traffic(session: Session, deployment: str, since: datetime, until: datetime) -> list[ObservedTick]:
+def observed_traffic(
+    session: Session, deployment: str, since: datetime, until: datetime
+) -> list[ObservedTick]:
     """The deployment's ticks with `since <= at <= until`, oldest first, each with the traffic it
     observed (the record's `traffic.observed`, written by SLA scaling's ticks)."""
     query = (
@@ -107,7 +109,9 @@ def observed_traffic(session: Session, deployment: str, since: datetime, until: 
     return [ObservedTick(_aware(at), _observation(traffic)) for at, traffic in session.execute(query)]
 
 
-def decisions_until(session: Session, deployment: str, until: datetime) -> list[tuple[datetime, dict[str, int]]]:
+def decisions_until(
+    session: Session, deployment: str, until: datetime
+) -> list[tuple[datetime, dict[str, int]]]:
     """Every decision made up to `until`, oldest first, with its counts per role (the ones it
     sets: None counts leave the role out)."""
     rows = session.execute(

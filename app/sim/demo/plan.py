@@ -108,7 +108,9 @@ def check_new_store(path: Path) -> None:
     """--store names a new file in a writable folder: every demo starts its simulated clock at
     the same instant, so a second run's ticks would interleave with the first's."""
     if path.exists() or path.is_symlink():
-        raise ConfigError(f"--store: {path} exists; the demo writes a new database (remove it or pick another path)")
+        raise ConfigError(
+            f"--store: {path} exists; the demo writes a new database (remove it or pick another path)"
+        )
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise ConfigError(f"--store: {path}: the folder {folder} does not exist")

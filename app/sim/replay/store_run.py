@@ -28,6 +28,7 @@ import numpy as np
 from app.config import ConfigError
 from app.core.traces import TraceRequest
 from app.sim.replay.config import ReplayConfig
+from app.sim.replay.cost import timeline_cost
 from app.sim.replay.from_store import RecordedPolicy, StoredTick, engine_seconds, requests_from_ticks
 from app.sim.replay.outputs import summarize, write_outputs
 from app.sim.replay.policies import Policy
@@ -79,13 +80,17 @@ def run_from_store(
     note = note or (lambda message: print(message, file=sys.stderr, flush=True))
     started_s = time.perf_counter() if started_s is None else started_s
     sim = config.simulation.model_copy(
-        update={"initial_prefill": history.initial.get("prefill"), "initial_decode": history.initial.get("decode")}
+        update={
+            "initial_prefill": history.initial.get("prefill"),
+            "initial_decode": history.initial.get("decode"),
+        }
     )
     config = ReplayConfig(path=config.path, deployment=config.deployment, simulation=sim)
     requests = requests_from_ticks(history.ticks, seed=sim.seed)
     if not requests:
         raise ConfigError(
-            f"--since/--until: the window's {len(history.ticks)} ticks of {history.deployment!r} observed no request"
+            f"--since/--until: the window's {len(history.ticks)} ticks of {history.deployment!r} "
+            "observed no request"
         )
     note(
         f"store: {len(history.ticks)} ticks of {history.deployment!r} from {history.start.isoformat()}, "
@@ -99,13 +104,23 @@ def run_from_store(
         policy = _policy(name, config, history, world)
         settings = {**history.source, "policy": name, "deployment": history.deployment, "seed": sim.seed}
         progress = ProgressLines(f"replay {name}", started_s=started_s, stream=sys.stderr)
-        result = run_policy(world, policy, trace_name=f"store:{history.deployment}", settings=settings, progress=progress)
+        result = run_policy(
+            world, policy, trace_name=f"store:{history.deployment}", settings=settings, progress=progress
+        )
         summary = summarize(result, truth=world.truth)
         try:
             write_outputs(result, out / name, summary=summary)
         except OSError as exc:
             raise ConfigError(f"--out: cannot write the outputs to {out}: {exc.strerror or exc}") from None
         rows[name] = _row(summary, gpus=world.gpus_per_engine)
+        # Over the window alone, as the stored decisions are counted: the run itself goes on
+        # until its last request has finished.
+        window = timeline_cost(
+            result.timeline, gpus_per_engine=world.gpus_per_engine, cost_per_gpu_hour=1.0, end_s=history.end_s
+        )
+        rows[name]["window_engine_hours"] = sum(
+            hours / world.gpus_per_engine[role] for role, hours in window.gpu_hours.items()
+        )
     hours = stored_engine_hours(history)
     comparison = {
         **history.source,
@@ -120,7 +135,9 @@ def run_from_store(
             "gpu_hours": sum(h * world.gpus_per_engine[role] for role, h in hours.items()),
         },
     }
-    (out / "comparison.json").write_text(json.dumps(comparison, indent=2, default=str) + "\n", encoding="utf-8")
+    (out / "comparison.json").write_text(
+        json.dumps(comparison, indent=2, default=str) + "\n", encoding="utf-8"
+    )
     _write_per_minute(out / "per_minute.csv", history, requests)
     return comparison
 
@@ -163,10 +180,25 @@ def _write_per_minute(path: Path, history: History, requests: list[TraceRequest]
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(
-            ("minute", "stored_requests", "stored_isl", "stored_osl", "rebuilt_requests", "rebuilt_isl", "rebuilt_osl")
+            (
+                "minute",
+                "stored_requests",
+                "stored_isl",
+                "stored_osl",
+                "rebuilt_requests",
+                "rebuilt_isl",
+                "rebuilt_osl",
+            )
         )
         for m in range(minutes):
             writer.writerow(
-                (m, round(stored[m, 0], 3), mean(stored, m, 1), mean(stored, m, 2), int(rebuilt[m, 0]),
-                 mean(rebuilt, m, 1), mean(rebuilt, m, 2))
+                (
+                    m,
+                    round(stored[m, 0], 3),
+                    mean(stored, m, 1),
+                    mean(stored, m, 2),
+                    int(rebuilt[m, 0]),
+                    mean(rebuilt, m, 1),
+                    mean(rebuilt, m, 2),
+                )
             )
