@@ -54,7 +54,6 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     if args.from_store is not None:
         from app.cli.replay_store import run_from_store_command
 
-        check_output_folder(Path(args.out))
         return run_from_store_command(args, started_s=_process_started_s())
     if args.config and is_fleet_file(args.config):
         # A fleet file names one trace per deployment itself (docs/fleet.md).

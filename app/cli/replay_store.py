@@ -218,7 +218,10 @@ def _pick(path: str, name: str) -> str | None:
 
 
 def run_from_store_command(args: argparse.Namespace, *, started_s: float) -> int:
-    """`planner replay --from-store` (the output folder already checked)."""
+    """`planner replay --from-store`: the store, the window and the settings are checked (they
+    read in a moment) before the output folder is created, so that bad input leaves nothing."""
+    from app.sim.replay.run import check_output_folder
+
     for flag, value in (("--trace", args.trace), ("--workload", args.workload)):
         if value is not None:
             raise ConfigError(f"{flag}: --from-store replays the store's traffic; give one or the other")
@@ -226,6 +229,7 @@ def run_from_store_command(args: argparse.Namespace, *, started_s: float) -> int
         raise ConfigError("--policy/--modes: --from-store replays planner, recorded, static and oracle")
     history, stored, _ = read_history(args)
     config = replay_config(args, stored, history.deployment)
+    check_output_folder(Path(args.out))
     comparison = run_from_store(config, history, Path(args.out), started_s=started_s)
     wall_s = time.perf_counter() - started_s
     for name, row in comparison["policies"].items():

@@ -2,14 +2,15 @@
 under, the traffic its ticks observed, the decisions it took; and the retention of the traffic.
 
 Reading never writes: `open_read_only` opens SQLite with `mode=ro` (no journal mode switch, no
-lock file) and PostgreSQL sessions with `default_transaction_read_only`, so the database itself
-refuses a write.
+lock file; `immutable` when no planner is writing, so not even a -shm file appears) and
+PostgreSQL sessions with `default_transaction_read_only`, so the database itself refuses a write.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,8 +39,14 @@ def open_read_only(url: str) -> Engine:
         if not database or database == ":memory:":
             raise HistoryError("an SQLite URL needs a database file (sqlite:///PATH)")
         # The file URI keeps SQLite from creating a missing file or writing to an existing one.
+        # A database in WAL mode with no write-ahead log beside it has no writer: opened
+        # immutable, SQLite adds no -wal or -shm file next to it either. With a log, a planner
+        # serving on it may be writing: read-only then shares its -shm index (the database and
+        # its log are not written), so that what is read is consistent.
+        live = Path(database + "-wal").exists()
+        options = "mode=ro" if live else "mode=ro&immutable=1"
         return create_engine(
-            f"sqlite:///file:{database}?mode=ro&uri=true", connect_args={"check_same_thread": False}
+            f"sqlite:///file:{database}?{options}&uri=true", connect_args={"check_same_thread": False}
         )
     if parsed.drivername.startswith("postgresql"):
         return create_engine(
