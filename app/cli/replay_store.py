@@ -230,7 +230,9 @@ def run_from_store_command(args: argparse.Namespace, *, started_s: float) -> int
     history, stored, _ = read_history(args)
     config = replay_config(args, stored, history.deployment)
     check_output_folder(Path(args.out))
-    comparison = run_from_store(config, history, Path(args.out), started_s=started_s)
+    comparison = run_from_store(
+        config, history, Path(args.out), started_s=started_s, quiet=bool(getattr(args, "quiet", False))
+    )
     wall_s = time.perf_counter() - started_s
     for name, row in comparison["policies"].items():
         print(

@@ -74,9 +74,12 @@ def run_from_store(
     policies: tuple[str, ...] = FROM_STORE_POLICIES,
     note: Callable[[str], None] | None = None,
     started_s: float | None = None,
+    quiet: bool = False,
 ) -> dict[str, Any]:
     """Replay the window under each policy; write `out/<policy>/` and `out/comparison.json`,
-    `out/per_minute.csv`. Returns the comparison."""
+    `out/per_minute.csv`. Returns the comparison. `quiet`: no notes or progress on stderr."""
+    if quiet:
+        note = note or (lambda message: None)
     note = note or (lambda message: print(message, file=sys.stderr, flush=True))
     started_s = time.perf_counter() if started_s is None else started_s
     sim = config.simulation.model_copy(
@@ -103,7 +106,7 @@ def run_from_store(
     for name in policies:
         policy = _policy(name, config, history, world)
         settings = {**history.source, "policy": name, "deployment": history.deployment, "seed": sim.seed}
-        progress = ProgressLines(f"replay {name}", started_s=started_s, stream=sys.stderr)
+        progress = None if quiet else ProgressLines(f"replay {name}", started_s=started_s, stream=sys.stderr)
         result = run_policy(
             world, policy, trace_name=f"store:{history.deployment}", settings=settings, progress=progress
         )
