@@ -56,8 +56,9 @@ def _check_schema(session: Session, url: str) -> None:
             f"{FLAG}: {_where(url)}: schema revision {revision} is unknown to this planner (newer?); "
             f"replay needs {NEEDED_REVISION}"
         )
-    behind = [r.revision for r in script.iterate_revisions(NEEDED_REVISION, revision)]
-    if NEEDED_REVISION in behind:
+    # Older than the revision needed: one of its ancestors (a newer one passes).
+    ancestors = {r.revision for r in script.iterate_revisions(NEEDED_REVISION, "base")} - {NEEDED_REVISION}
+    if revision in ancestors:
         raise ConfigError(
             f"{FLAG}: {_where(url)}: the schema is at revision {revision}; replay needs revision "
             f"{NEEDED_REVISION} (run `planner db upgrade` on it, then let `planner serve` start once)"

@@ -32,7 +32,7 @@ from app.sim.replay.cost import timeline_cost
 from app.sim.replay.from_store import RecordedPolicy, StoredTick, engine_seconds, requests_from_ticks
 from app.sim.replay.outputs import summarize, write_outputs
 from app.sim.replay.policies import Policy
-from app.sim.replay.run import ProgressLines, build_world, load_models, make_policy, run_policy
+from app.sim.replay.run import ProgressLines, World, build_world, load_models, make_policy, run_policy
 from app.sim.world.cluster import ROLES
 
 FROM_STORE_POLICIES = ("planner", "recorded", "static", "oracle")
@@ -60,7 +60,7 @@ def stored_engine_hours(history: History) -> dict[str, float]:
     return {role: s / 3600.0 for role, s in seconds.items()}
 
 
-def _policy(name: str, config: ReplayConfig, history: History, world: Any) -> Policy:
+def _policy(name: str, history: History, world: World) -> Policy:
     if name == "recorded":
         return RecordedPolicy(history.initial, history.decisions)
     return make_policy(name, world)
@@ -104,7 +104,7 @@ def run_from_store(
     out.mkdir(parents=True, exist_ok=True)
     rows: dict[str, dict[str, Any]] = {}
     for name in policies:
-        policy = _policy(name, config, history, world)
+        policy = _policy(name, history, world)
         settings = {**history.source, "policy": name, "deployment": history.deployment, "seed": sim.seed}
         progress = None if quiet else ProgressLines(f"replay {name}", started_s=started_s, stream=sys.stderr)
         result = run_policy(
