@@ -5,8 +5,12 @@ them."""
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -14,6 +18,8 @@ from sqlalchemy import func, select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.core.types import DecisionSource
+from app.sim.replay.config import DEFAULT_REPLAY_CONFIG, load_replay_config
 from app.store import decisions as dstore
 from app.store import history
 from app.store import ticks as tstore
@@ -22,6 +28,7 @@ from app.store.models import DeploymentState, Tick
 from app.workers.clock import ManualClock
 from app.workers.retention import TrafficPruner
 from tests.conftest import T0
+from tests.support import REPO_ROOT
 
 DAY = timedelta(days=1)
 
@@ -208,3 +215,55 @@ def test_an_unchanged_config_is_not_rewritten(sf: sessionmaker[Session]) -> None
             and state.config["sla"] == {"ttft_ms": 400}
             and state.config_saved_at == T0 + DAY
         )
+
+
+def table_rows(sf: sessionmaker[Session]) -> dict[str, list[str]]:
+    """Every row of every table, as text, sorted: what a read-only replay must leave as it was."""
+    from app.store.models import Base
+
+    out = {}
+    with sf() as s:
+        for table in Base.metadata.sorted_tables:
+            out[table.name] = sorted(repr(tuple(row)) for row in s.execute(table.select()))
+    return out
+
+
+def test_a_replay_from_the_store_leaves_every_row_as_it_was(
+    db_url: str, sf: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """Five minutes of steady traffic and two decisions, on each backend, replayed by the command."""
+    deployment = load_replay_config(DEFAULT_REPLAY_CONFIG).deployment.model_copy(update={"name": "demo"})
+    config = deployment.with_absolute_paths(DEFAULT_REPLAY_CONFIG.parent)
+    with sf() as s, s.begin():
+        history.save_configs(s, {"demo": config}, T0)
+        for i in range(60):
+            at = T0 + timedelta(seconds=5 * (i + 1))
+            tstore.add_tick(s, deployment="demo", at=at, record={"traffic": observed(25.0)})
+    for at_s, target in ((2.0, {"prefill": 1, "decode": 1}), (150.0, {"prefill": 2, "decode": 2})):
+        with sf() as s, s.begin():
+            dstore.propose_decision(
+                s,
+                deployment="demo",
+                target=target,
+                source=DecisionSource.SLA,
+                reasons=["test"],
+                now=T0 + timedelta(seconds=at_s),
+                ack_timeout_s=60.0,
+                await_ack=False,
+            )
+    before = table_rows(sf)
+    run = subprocess.run(
+        [sys.executable, "-m", "app.cli", "replay", "--from-store", db_url, "--deployment", "demo"]
+        + ["--out", str(tmp_path / "out"), "--quiet"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert table_rows(sf) == before
+    comparison = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    assert comparison["requests"] == 60 * 25
+    # The window runs from the first tick's interval start (T0) to the last tick (T0 + 300 s):
+    # 1 + 1 engines until the decision at 150 s, then 2 + 2: 150 × 2 + 150 × 4 engine-seconds.
+    assert comparison["stored"]["engine_hours"] == pytest.approx((150 * 2 + 150 * 4) / 3600.0)
