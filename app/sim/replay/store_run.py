@@ -36,6 +36,10 @@ from app.sim.replay.run import ProgressLines, World, build_world, load_models, m
 from app.sim.world.cluster import ROLES
 
 FROM_STORE_POLICIES = ("planner", "recorded", "static", "oracle")
+# The simulator holds every request of a run in memory (a few hundred bytes each, with its
+# engines' bookkeeping) and replays some 5,000 a wall second: five million are gigabytes and
+# a quarter of an hour per policy. A longer window is asked for in pieces.
+MAX_REQUESTS = 5_000_000
 # The per-minute table's bin: an operator reads traffic by the minute.
 MINUTE_S = 60.0
 
@@ -89,6 +93,12 @@ def run_from_store(
         }
     )
     config = ReplayConfig(path=config.path, deployment=config.deployment, simulation=sim)
+    stored = sum(t.observation.num_req or 0.0 for t in history.ticks if t.observation is not None)
+    if stored > MAX_REQUESTS:
+        raise ConfigError(
+            f"--since/--until: the window holds {stored:,.0f} requests, more than the {MAX_REQUESTS:,} "
+            "one replay simulates; replay a shorter window"
+        )
     requests = requests_from_ticks(history.ticks, seed=sim.seed)
     if not requests:
         raise ConfigError(
