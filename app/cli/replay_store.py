@@ -21,7 +21,7 @@ from app.config.live import apply_overrides
 from app.core.errors import InvalidInputError
 from app.sim.replay.config import ReplayConfig, SimulationConfig, load_replay_config, with_overrides
 from app.sim.replay.from_store import StoredTick
-from app.sim.replay.store_run import History, run_from_store
+from app.sim.replay.store_run import History, check_window, run_from_store
 from app.store import history as store
 from app.store.startup import redacted, sqlite_path
 
@@ -230,6 +230,7 @@ def run_from_store_command(args: argparse.Namespace, *, started_s: float) -> int
         raise ConfigError("--policy/--modes: --from-store replays planner, recorded, static and oracle")
     history, stored, _ = read_history(args)
     config = replay_config(args, stored, history.deployment)
+    check_window(history)
     check_output_folder(Path(args.out))
     comparison = run_from_store(
         config, history, Path(args.out), started_s=started_s, quiet=bool(getattr(args, "quiet", False))

@@ -37,8 +37,8 @@ from app.sim.world.cluster import ROLES
 
 FROM_STORE_POLICIES = ("planner", "recorded", "static", "oracle")
 # The simulator holds every request of a run in memory (a few hundred bytes each, with its
-# engines' bookkeeping) and replays some 5,000 a wall second: five million are gigabytes and
-# a quarter of an hour per policy. A longer window is asked for in pieces.
+# engines' bookkeeping) and replays some 30,000 a wall second: five million are gigabytes and
+# minutes per policy. A longer window is asked for in pieces.
 MAX_REQUESTS = 5_000_000
 # The per-minute table's bin: an operator reads traffic by the minute.
 MINUTE_S = 60.0
@@ -56,6 +56,21 @@ class History:
     initial: dict[str, int]  # the counts in force at time 0
     end_s: float  # the end of the window's last tick interval
     source: dict[str, Any]  # how the store and the window were named, for summary.json
+
+
+def check_window(history: History) -> None:
+    """ConfigError unless the window holds between one and MAX_REQUESTS requests."""
+    stored = sum(t.observation.num_req or 0.0 for t in history.ticks if t.observation is not None)
+    if stored < 1:
+        raise ConfigError(
+            f"--since/--until: the window's {len(history.ticks)} ticks of {history.deployment!r} "
+            "observed no request"
+        )
+    if stored > MAX_REQUESTS:
+        raise ConfigError(
+            f"--since/--until: the window holds {stored:,.0f} requests, more than the {MAX_REQUESTS:,} "
+            "one replay simulates; replay a shorter window"
+        )
 
 
 def stored_engine_hours(history: History) -> dict[str, float]:
@@ -93,18 +108,8 @@ def run_from_store(
         }
     )
     config = ReplayConfig(path=config.path, deployment=config.deployment, simulation=sim)
-    stored = sum(t.observation.num_req or 0.0 for t in history.ticks if t.observation is not None)
-    if stored > MAX_REQUESTS:
-        raise ConfigError(
-            f"--since/--until: the window holds {stored:,.0f} requests, more than the {MAX_REQUESTS:,} "
-            "one replay simulates; replay a shorter window"
-        )
+    check_window(history)
     requests = requests_from_ticks(history.ticks, seed=sim.seed)
-    if not requests:
-        raise ConfigError(
-            f"--since/--until: the window's {len(history.ticks)} ticks of {history.deployment!r} "
-            "observed no request"
-        )
     note(
         f"store: {len(history.ticks)} ticks of {history.deployment!r} from {history.start.isoformat()}, "
         f"{len(requests)} requests over {history.end_s:.0f} s, {len(history.decisions)} decisions"
