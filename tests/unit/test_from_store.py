@@ -223,3 +223,43 @@ def test_recorded_policy_orders_each_decision_when_it_was_made() -> None:
     # Both decisions made at 12 s, in the order they were taken: the later one wins.
     second = policy.tick(12.0, _Cluster({"prefill": 2, "decode": 2}))  # type: ignore[arg-type]
     assert second.target == {"prefill": 3, "decode": 5} and second.next_tick_s == math.inf
+
+
+class WindowCase(NamedTuple):
+    name: str
+    counts: list[float | None]
+    message: str | None  # None: the window is replayed
+    why: str
+
+
+WINDOW_CASES = [
+    WindowCase("some_requests", [3.0, 4.0], None, "seven requests to replay"),
+    WindowCase("less_than_one", [0.5, None], "observed no request", "half a request rebuilds none"),
+    WindowCase(
+        "too_many", [60.0, 50.0], "the window holds 110 requests, more than the 100", "memory is bounded"
+    ),
+]
+
+
+@pytest.mark.parametrize("case", WINDOW_CASES, ids=lambda c: c.name)
+def test_the_window_holds_one_to_max_requests(case: WindowCase, monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import UTC, datetime
+
+    from app.config import ConfigError
+    from app.sim.replay import store_run
+
+    monkeypatch.setattr(store_run, "MAX_REQUESTS", 100)
+    history = store_run.History(
+        deployment="demo",
+        start=datetime(2026, 1, 1, tzinfo=UTC),
+        ticks=[tick(5.0 * (i + 1), n) for i, n in enumerate(case.counts)],
+        decisions=[],
+        initial={"prefill": 1, "decode": 1},
+        end_s=5.0 * len(case.counts),
+        source={},
+    )
+    if case.message is None:
+        store_run.check_window(history)
+        return
+    with pytest.raises(ConfigError, match=case.message):
+        store_run.check_window(history)
