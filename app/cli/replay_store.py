@@ -206,6 +206,10 @@ def replay_config(args: argparse.Namespace, stored: DeploymentConfig | None, nam
         truth_profile=args.truth_profile,
         truth=args.truth,
         seed=args.seed,
+        prefill_gpus=args.prefill_gpus,
+        decode_gpus=args.decode_gpus,
+        removal_grace_s=args.removal_grace_s,
+        removal_hints=args.removal_hints,
     )
 
 
@@ -228,6 +232,16 @@ def run_from_store_command(args: argparse.Namespace, *, started_s: float) -> int
             raise ConfigError(f"{flag}: --from-store replays the store's traffic; give one or the other")
     if args.policy != "planner" or args.modes is not None:
         raise ConfigError("--policy/--modes: --from-store replays planner, recorded, static and oracle")
+    # The stored traffic is replayed as it came, on one deployment.
+    for flag, given in (
+        ("--rate-scale", args.rate_scale is not None),
+        ("--rate-spread-s", args.rate_spread_s is not None),
+        ("--scale-to-zero", args.scale_to_zero_quiet_s is not None),
+        ("--zero-return-forecast", args.scale_to_zero_forecast),
+        ("--fleet-policy", args.fleet_policy != "fleet"),
+    ):
+        if given:
+            raise ConfigError(f"{flag}: not with --from-store (the stored traffic replays as it came)")
     history, stored, _ = read_history(args)
     config = replay_config(args, stored, history.deployment)
     check_window(history)

@@ -195,6 +195,12 @@ BAD_CASES = [
         "the format is named with an example",
     ),
     BadCase(
+        "rate_scale_refused",
+        ["--from-store", "{url}", "--rate-scale", "3"],
+        "--rate-scale: not with --from-store (the stored traffic replays as it came)",
+        "the stored traffic is what ran; a flag that would change it is refused, not ignored",
+    ),
+    BadCase(
         "trace_and_store",
         ["--from-store", "{url}", "--workload", "steady"],
         "argument --workload: not allowed with argument --from-store",
