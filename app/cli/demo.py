@@ -36,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     demo = sub.add_parser(
         "demo",
         help="the service against a simulated cluster, sped up",
-        description="Start `planner serve` (SQLite in a temporary directory) and a simulated "
+        description="Start `planner serve` (SQLite in a temporary directory, or --store) and a simulated "
         "cluster replaying a request trace: the planner scrapes the simulated frontend's /metrics, "
         "engines publish ForwardPassMetrics over ZMQ, and an orchestrator long-polls the decisions "
         "and acknowledges them once the engines are up. Ctrl-C stops everything.",
