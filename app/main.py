@@ -30,11 +30,13 @@ from app.reports.metrics import PlannerMetrics
 from app.store.db import is_postgres, make_engine, make_session_factory
 from app.store.decisions import ensure_deployments
 from app.store.fleet import ensure_fleet
+from app.store.history import save_configs
 from app.store.write_versions import WriteVersions
 from app.workers.clock import Clock, ScaledClock, SharedClock, SystemClock
 from app.workers.fleet import FleetWorker
 from app.workers.loop import DeploymentWorker, process_identity
 from app.workers.resources import make_connector, make_fpm_subscribers, make_source
+from app.workers.retention import TrafficPruner
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,12 @@ def create_app(
         names = [d.name for d in deployments.deployments]
         with session_factory() as session, session.begin():
             ensure_deployments(session, names)
+            # What `planner replay --from-store` replays as the settings that ran.
+            save_configs(
+                session,
+                {d.name: d.with_absolute_paths(base_dir) for d in deployments.deployments},
+                app.state.clock.now(),
+            )
             if deployments.fleet is not None:
                 ensure_fleet(session)
         hub = DecisionHub(
@@ -142,7 +150,14 @@ def create_app(
         app.state.listener = listener
         app.state.workers = workers
         app.state.fleet = fleet
+        pruner = TrafficPruner(
+            session_factory=session_factory,
+            clock=app.state.clock,
+            retention_days=settings.traffic_retention_days,
+        )
+        app.state.pruner = pruner
         if run_workers:
+            pruner.start()
             # The fleet first: its first step grants before the workers' first ticks.
             if fleet is not None:
                 fleet.start()
@@ -158,6 +173,7 @@ def create_app(
                 await fleet.stop()
             for worker in workers.values():
                 await worker.stop()
+            await pruner.stop()
             if listener is not None:
                 await asyncio.to_thread(listener.stop)
             await http.aclose()

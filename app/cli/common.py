@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from datetime import UTC, datetime
 
 from app.config import ConfigError, Settings
 from app.logs import escape_controls
@@ -102,3 +103,19 @@ def one_line_error(message: str) -> None:
     # argparse's own errors print the usage first; here a bad flag is one line naming it.
     print(f"planner: error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+TIME_HELP = (
+    "ISO-8601 time, e.g. 2026-12-01T08:00:00Z; without a timezone it is read as UTC (the store keeps UTC)"
+)
+
+
+def parse_time(text: str) -> datetime:
+    """An argparse type: an ISO-8601 timestamp, UTC when it names no timezone."""
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO-8601 time: {text!r} (e.g. 2026-12-01T08:00:00Z)"
+        ) from None
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)

@@ -23,6 +23,7 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
             exit_at_end=args.exit_at_end,
             duration_s=args.duration_s,
             modes=args.modes,
+            store=Path(args.store) if args.store else None,
             log_level=settings.log_level,
         )
     )
@@ -35,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     demo = sub.add_parser(
         "demo",
         help="the service against a simulated cluster, sped up",
-        description="Start `planner serve` (SQLite in a temporary directory) and a simulated "
+        description="Start `planner serve` (SQLite in a temporary directory, or --store) and a simulated "
         "cluster replaying a request trace: the planner scrapes the simulated frontend's /metrics, "
         "engines publish ForwardPassMetrics over ZMQ, and an orchestrator long-polls the decisions "
         "and acknowledges them once the engines are up. Ctrl-C stops everything.",
@@ -71,5 +72,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     demo.add_argument("--exit-at-end", action="store_true", help="stop when the trace has been served")
     demo.add_argument(
         "--duration-s", type=positive, default=None, help="stop after this many simulated seconds"
+    )
+    demo.add_argument(
+        "--store",
+        metavar="PATH",
+        help="the planner's SQLite database at PATH (a new file), kept after the demo: "
+        "`planner replay --from-store sqlite:///PATH` replays its traffic (default: a temporary file)",
     )
     demo.set_defaults(func=cmd_demo)

@@ -15,9 +15,11 @@ from app.cli.common import (
     MAX_RATE_SCALE,
     MAX_SCALE,
     MODES_HELP,
+    TIME_HELP,
     modes,
     number,
     one_line_error,
+    parse_time,
 )
 from app.config import ConfigError, Settings
 
@@ -47,6 +49,12 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     from app.sim.fleet.run import run_fleet_command
     from app.sim.replay.run import check_output_folder, run_command
 
+    if args.from_store is None and (args.since is not None or args.until is not None):
+        raise ConfigError("--since/--until: the window of --from-store")
+    if args.from_store is not None:
+        from app.cli.replay_store import run_from_store_command
+
+        return run_from_store_command(args, started_s=_process_started_s())
     if args.config and is_fleet_file(args.config):
         # A fleet file names one trace per deployment itself (docs/fleet.md).
         if args.trace is not None or args.workload is not None:
@@ -105,9 +113,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="a workload of the decision-quality benchmark by name (app/sim/world/workload.py WORKLOADS), "
         "written to --out as NAME.jsonl and replayed from there",
     )
+    source.add_argument(
+        "--from-store",
+        metavar="DATABASE_URL",
+        help="replay a deployment's own stored traffic (sqlite:///PATH or postgresql://...; opened "
+        "read-only) under planner (the stored settings, or --config's), recorded (the stored "
+        "decisions), static and oracle: docs/replay-from-store.md",
+    )
     replay.add_argument("--out", required=True, help="output directory")
-    replay.add_argument("--config", help="replay file (default: examples/replay.yaml)")
-    replay.add_argument("--deployment", help="deployment of the replay file (default: its only one)")
+    replay.add_argument(
+        "--config",
+        help="replay file (default: examples/replay.yaml); with --from-store, other settings to replay "
+        "(default: the stored ones) and its simulation section",
+    )
+    replay.add_argument(
+        "--deployment",
+        help="deployment of the replay file (default: its only one); with --from-store, of the store",
+    )
+    replay.add_argument(
+        "--since",
+        type=parse_time,
+        help=f"with --from-store: the window's start, {TIME_HELP} "
+        "(default: the deployment's first stored tick)",
+    )
+    replay.add_argument(
+        "--until",
+        type=parse_time,
+        help=f"with --from-store: the window's end, {TIME_HELP} (default: its last stored tick)",
+    )
     replay.add_argument(
         "--policy",
         default="planner",

@@ -3,7 +3,8 @@ scaling settings and traffic sources (`DeploymentConfig`)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -289,6 +290,19 @@ class DeploymentConfig(Strict):
     def bounds(self) -> dict[Role, RoleBounds]:
         """The configured min/max replicas of every role of the mode."""
         return {r: RoleBounds(self.role(r).min_replicas, self.role(r).max_replicas) for r in self.roles}
+
+    def with_absolute_paths(self, base_dir: Path) -> dict[str, Any]:
+        """This entry as a deployments file would hold it (JSON-ready), its profile and warm-up
+        trace resolved against `base_dir` (the folder of the file it came from), so that it reads
+        the same files from anywhere."""
+        raw = self.model_dump(mode="json", exclude_none=True)
+        if self.profile:
+            raw["profile"] = str((base_dir / Path(self.profile).expanduser()).resolve())
+        if self.throughput.warmup_trace:
+            raw["throughput"]["warmup_trace"] = str(
+                (base_dir / Path(self.throughput.warmup_trace).expanduser()).resolve()
+            )
+        return raw
 
     @property
     def tick_interval_s(self) -> float:

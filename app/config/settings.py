@@ -63,6 +63,9 @@ class Settings(BaseSettings):
     # token; all loopback callers when no tokens are set); beyond them it answers 429.
     max_held_longpolls: int = Field(default=1000, ge=1)
     max_held_longpolls_per_caller: int = Field(default=200, ge=1)
+    # Days the tick records keep their traffic observations, which `planner replay --from-store`
+    # replays (app/workers/retention.py); two weeks hold last week and the one before it.
+    traffic_retention_days: float = Field(default=14.0, gt=0, le=3650, allow_inf_nan=False)
 
     @field_validator("database_url")
     @classmethod

@@ -68,6 +68,10 @@ class DeploymentState(Base):
     write_seq: Mapped[int] = mapped_column(Integer, default=0)
     lease_holder: Mapped[str | None] = mapped_column(String(128))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # The deployment's entry of the deployments file as the last planner to start read it (paths
+    # absolute), so that `planner replay --from-store` replays the settings that ran.
+    config: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    config_saved_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
 
 
 class PlannerStateRow(Base):

@@ -232,7 +232,7 @@ def test_db_upgrade_creates_the_schema(tmp_path: Path) -> None:
         assert set(inspect(engine).get_table_names()) == EXPECTED_TABLES
         with engine.connect() as conn:
             assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalars().all() == [
-                "0005_decision_removals"
+                "0006_deployment_config"
             ]
     finally:
         engine.dispose()

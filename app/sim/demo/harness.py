@@ -289,6 +289,12 @@ class Demo:
         for line in lines:
             self.out(line)
 
+    def _store_path(self) -> Path:
+        """The planner's SQLite file: --store's (kept), or one in the temporary directory."""
+        assert self.tmp_dir is not None
+        store = self.options.store
+        return store.resolve() if store is not None else self.tmp_dir / "planner.db"
+
     # --- the run ----------------------------------------------------------------------------
 
     async def run(self) -> int:
@@ -331,7 +337,7 @@ class Demo:
             self.service = PlannerService(
                 settings_env={
                     "PLANNER_CONFIG": str(config_path),
-                    "PLANNER_DATABASE_URL": f"sqlite:///{self.tmp_dir / 'planner.db'}",
+                    "PLANNER_DATABASE_URL": f"sqlite:///{self._store_path()}",
                     "PLANNER_HOST": "127.0.0.1",
                     "PLANNER_PORT": str(self.options.port),
                     "PLANNER_CLOCK_FILE": str(self.clock.path),

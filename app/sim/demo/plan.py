@@ -6,6 +6,7 @@ planner service, and the deployments file that service reads.
 from __future__ import annotations
 
 import math
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,8 @@ class DemoOptions:
     exit_at_end: bool = False
     duration_s: float | None = None  # stop after this many simulated seconds
     modes: tuple[str, ...] | None = None  # the planner's scaling modes; None: the file's
+    # The planner's SQLite file, kept after the run; None: one in the temporary directory.
+    store: Path | None = None
     log_level: str = "INFO"  # the service's PLANNER_LOG_LEVEL
     sim_cost_s: float = 0.0  # extra wall seconds per simulated second (tests: $PLANNER_DEMO_SIM_COST)
 
@@ -68,6 +71,8 @@ def prepare(options: DemoOptions) -> DemoPlan:
         raise ConfigError(f"--speed: must be a number > 0, got {options.speed!r}")
     if not (math.isfinite(options.sim_cost_s) and options.sim_cost_s >= 0):
         raise ConfigError(f"{SIM_COST_ENV}: must be a number >= 0, got {options.sim_cost_s!r}")
+    if options.store is not None:
+        check_new_store(options.store)
     replay = with_overrides(
         load_replay_config(options.config), rate_scale=options.rate_scale, modes=options.modes
     )
@@ -99,6 +104,20 @@ def prepare(options: DemoOptions) -> DemoPlan:
     return DemoPlan(options, replay, requests, truth, profile_dir.resolve(), initial)
 
 
+def check_new_store(path: Path) -> None:
+    """--store names a new file in a writable folder: every demo starts its simulated clock at
+    the same instant, so a second run's ticks would interleave with the first's."""
+    if path.exists() or path.is_symlink():
+        raise ConfigError(
+            f"--store: {path} exists; the demo writes a new database (remove it or pick another path)"
+        )
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ConfigError(f"--store: {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"--store: {path}: the folder {folder} is not writable")
+
+
 def check_port_free(port: int, host: str = "127.0.0.1") -> None:
     reserve_port(port, host).close()
 
@@ -128,12 +147,7 @@ def service_deployments_file(
     """The replay config's deployment as `planner serve` reads it: absolute paths, the virtual
     connector (the demo's orchestrator), and the simulated frontend and engines as sources."""
     deployment = plan.deployment
-    raw = deployment.model_dump(mode="json", exclude_none=True)
-    raw["profile"] = str(plan.replay.resolve(deployment.profile or "").resolve())
-    if deployment.throughput.warmup_trace:
-        raw["throughput"]["warmup_trace"] = str(
-            plan.replay.resolve(deployment.throughput.warmup_trace).resolve()
-        )
+    raw = deployment.with_absolute_paths(plan.replay.base_dir)
     raw["connector"] = {"type": "virtual", "ack_timeout_s": deployment.connector.ack_timeout_s}
     raw["model_name"] = model_name(deployment)
     raw["sources"] = {"frontend_url": frontend_url, "fpm_endpoints": fpm_endpoints}

@@ -14,8 +14,9 @@ The demo process runs:
   acknowledges once they are up (the event loop of the main thread).
 
 The planner itself is `planner serve` in a child process with an SQLite database in a temporary
-directory and a deployments file generated from the replay config; on the shared clock its 5 s
-ticks and its ack timeout pass in simulated seconds, and every time its API shows is simulated:
+directory (or at --store's path, kept for `planner replay --from-store`) and a deployments file
+generated from the replay config; on the shared clock its 5 s ticks and its ack timeout pass in
+simulated seconds, and every time its API shows is simulated:
 `SIM_EPOCH` (2000-01-01T00:00:00Z) is the start of the trace.
 
 Output: the URLs to open (the dashboard first), a status line every STATUS_EVERY_S wall seconds,
