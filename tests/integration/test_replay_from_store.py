@@ -1,5 +1,5 @@
 """`planner replay --from-store` on a store the demo wrote: `planner demo --exit-at-end --store`
-runs the real service against the simulated cluster for 15 simulated minutes, then the replay
+runs the real service against the simulated cluster for 30 simulated minutes, then the replay
 rebuilds that traffic from the store and replays it.
 
 What it must show: the `recorded` policy bills the stored decisions' engine-hours (counted here
@@ -26,8 +26,8 @@ import pytest
 from app.store.db import downgrade
 from tests.support import REPO_ROOT, free_port
 
-DEMO_S = 900
-DEMO_TIMEOUT_S = 420
+DEMO_S = 1800
+DEMO_TIMEOUT_S = 840
 
 
 @dataclass(frozen=True)
