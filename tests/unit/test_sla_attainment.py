@@ -509,7 +509,7 @@ def _run_with_lead(model: PerfModel, rates: list[float], lead_ticks: int, **over
     out = []
     for i, rate in enumerate(rates):
         now = (i + 1) * TICK_S
-        for due, counts in [a for a in arriving if a[0] <= i]:
+        for _due, counts in [a for a in arriving if a[0] <= i]:
             ready = {role: max(ready[role], counts[role]) for role in ready}
         arriving = [a for a in arriving if a[0] > i]
         traffic = TrafficSample(now, TICK_S, rate * TICK_S, 2000.0, 100.0)
