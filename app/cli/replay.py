@@ -118,7 +118,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         metavar="DATABASE_URL",
         help="replay a deployment's own stored traffic (sqlite:///PATH or postgresql://...; opened "
         "read-only) under planner (the stored settings, or --config's), recorded (the stored "
-        "decisions), static and oracle: docs/replay-from-store.md",
+        "decisions), peak (their highest counts held), static and oracle: docs/replay-from-store.md",
     )
     replay.add_argument("--out", required=True, help="output directory")
     replay.add_argument(

@@ -231,7 +231,7 @@ def run_from_store_command(args: argparse.Namespace, *, started_s: float) -> int
         if value is not None:
             raise ConfigError(f"{flag}: --from-store replays the store's traffic; give one or the other")
     if args.policy != "planner" or args.modes is not None:
-        raise ConfigError("--policy/--modes: --from-store replays planner, recorded, static and oracle")
+        raise ConfigError("--policy/--modes: --from-store replays planner, recorded, peak, static and oracle")
     # The stored traffic is replayed as it came, on one deployment.
     for flag, given in (
         ("--rate-scale", args.rate_scale is not None),

@@ -6,8 +6,8 @@ scrape, series by series, summing the series whose `model` label matches the dep
 (case-insensitively). Means are Σ Δsum / Σ Δcount; the request count is Σ Δ
 `dynamo_frontend_requests_started_total`, else Σ Δ `dynamo_frontend_requests_total`, else None.
 `duration_s` is the time between the two scrapes on this host's monotonic clock, each stamped
-when its request was sent (`interval_s` is not used: the scrapes say how long the interval really
-was).
+when its request was sent (the scrapes say how long the interval really was; `interval_s` only
+sets the shortest window read as one, below).
 
 Choices:
 - The first scrape has nothing to difference against: `observe` raises
@@ -15,6 +15,11 @@ Choices:
   interval")` rather than returning an all-None observation, so the tick records why it skipped.
   `check()` scrapes too and keeps its scrape as the baseline, so after a successful start-up check
   the first observation already knows the traffic.
+- A scrape less than half the asked interval after the baseline (the first tick right after the
+  start-up check, or a late tick followed by one on time) is no reading of a rate: a 0.03 s window
+  without a request says nothing about a traffic of 40 requests a second, and read as silence it
+  orders the minimum. `observe` raises `SourceUnavailableError` with the window's length and
+  keeps the baseline, so the next observation covers the whole time since it and loses nothing.
 - A counter that went down (or whose `_created` timestamp changed, where the exporter publishes
   one) means the frontend restarted: its new value is the increase since the restart. This
   undercounts the requests served between the last scrape and the restart; `last_notes` says so.
@@ -60,6 +65,8 @@ from app.sources.traffic_common import (
 log = logging.getLogger(__name__)
 
 FIRST_SCRAPE = "first scrape taken; traffic is known from the next interval"
+# The shortest window, as a share of the asked interval, read as an observation.
+SHORTEST_WINDOW_SHARE = 0.5
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs: a series' identity
 SeriesKey = tuple[str, Labels]  # (sample name, labels)
@@ -251,15 +258,24 @@ class FrontendScrapeSource(HttpSource):
 
     async def observe(self, interval_s: float) -> TrafficObservation:
         current = await self.scrape()
-        previous, self._baseline = self._baseline, current
+        previous = self._baseline
         if previous is None:
+            self._baseline = current
             raise SourceUnavailableError(self.name, FIRST_SCRAPE)
+        window_s = current.taken_at - previous.taken_at
+        if window_s < SHORTEST_WINDOW_SHARE * interval_s:
+            raise SourceUnavailableError(
+                self.name,
+                f"only {window_s:.2f} s since the last scrape, less than half the {interval_s:g} s "
+                "interval: too short to read a rate from; the next observation covers it",
+            )
+        self._baseline = current
         diff = difference(previous.samples, current.samples, self.model_name)
         self.last_notes = tuple(diff.notes)
         for note in diff.notes:
             (log.warning if "reset" in note else log.debug)("frontend %s: %s", self.url, note)
         return build_observation(
-            current.taken_at - previous.taken_at,
+            window_s,
             diff.num_req,
             diff.histograms,
             diff.isl_buckets,

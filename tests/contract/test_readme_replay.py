@@ -94,6 +94,6 @@ def test_the_readme_from_store_example_runs_and_prints_the_documented_lines(tmp_
             timeout=600,
         )
         assert run.returncode == 0, run.stderr[-3000:]
-    assert len(documented) == 5
+    assert len(documented) == 6
     for line in documented:
         assert _shape(line).search(run.stdout), (line, run.stdout)

@@ -25,26 +25,31 @@ from tests.support_frontend import (
 
 pytestmark = pytest.mark.anyio
 
+# The interval each observation asks for. The scrapes here are a fraction of a second apart, and
+# a window shorter than half the asked interval is no reading (test_frontend_scrape.py): these
+# tests ask for none, where a tick asks for its own interval.
+ASKED_S = 0.0
+
 
 async def test_reads_back_what_was_served_between_observations() -> None:
     with FrontendExporter() as exporter:
         source = FrontendScrapeSource(exporter.url, model_name=MODEL.lower())
         with pytest.raises(SourceUnavailableError) as err:
-            await source.observe(30)
+            await source.observe(ASKED_S)
         assert err.value.reason == FIRST_SCRAPE
 
         served = exporter.serve_requests(load_trace(limit=250))
         exporter.serve_requests(load_trace(start=900, limit=30), model=OTHER_MODEL)
-        first = await source.observe(30)
+        first = await source.observe(ASKED_S)
         assert first.duration_s > 0, "measured between the two scrapes"
         assert first == served.observation(first.duration_s)
         assert first.complete
 
         served = exporter.serve_requests(load_trace(start=250, limit=400))
-        second = await source.observe(30)
+        second = await source.observe(ASKED_S)
         assert second == served.observation(second.duration_s)
 
-        idle = await source.observe(30)
+        idle = await source.observe(ASKED_S)
         assert idle == TrafficObservation(idle.duration_s, 0.0, None, None), "confirmed idle"
 
 
@@ -58,7 +63,7 @@ async def test_the_isl_histogram_of_known_requests() -> None:
         isls = (100, 128, 17, 300, 512, 70000)
         exporter.serve_requests(TraceRequest(0, isl, 10) for isl in isls)
         exporter.serve_requests(load_trace(limit=5), model=OTHER_MODEL)
-        observation = await source.observe(30)
+        observation = await source.observe(ASKED_S)
         inf = float("inf")
         expected = {32.0: 1.0, 128.0: 2.0, 512.0: 2.0, 131072.0: 1.0}
         bounds = (*(float(2**k) for k in range(4, 18)), inf)
@@ -82,7 +87,7 @@ async def test_a_frontend_without_the_isl_histogram() -> None:
         await source.check()
         served = exporter.serve_requests(load_trace(limit=40))
         server.answer = without_buckets()
-        observation = await source.observe(30)
+        observation = await source.observe(ASKED_S)
         assert observation == replace(served.observation(observation.duration_s), isl_buckets=())
         assert served.isl_buckets != ()
 
@@ -93,7 +98,7 @@ async def test_check_takes_the_baseline() -> None:
         source = FrontendScrapeSource(f"{exporter.url}/metrics", model_name=MODEL)
         await source.check()
         served = exporter.serve_requests(load_trace(start=10, limit=90))
-        observation = await source.observe(30)
+        observation = await source.observe(ASKED_S)
         assert observation == served.observation(observation.duration_s)
 
 
@@ -104,7 +109,7 @@ async def test_a_frontend_restart_counts_from_zero() -> None:
         await source.check()
         exporter.restart()  # counters back to 0, same port
         served = exporter.serve_requests(load_trace(start=200, limit=300))  # more than before
-        observation = await source.observe(30)
+        observation = await source.observe(ASKED_S)
         assert observation == served.observation(observation.duration_s)
         assert any("was reset (frontend restart?)" in note for note in source.last_notes), source.last_notes
 
@@ -114,7 +119,7 @@ async def test_an_older_frontend_counts_requests_total() -> None:
         source = FrontendScrapeSource(exporter.url, model_name=MODEL)
         await source.check()
         served = exporter.serve_requests(load_trace(limit=120))
-        observation = await source.observe(30)
+        observation = await source.observe(ASKED_S)
         assert observation == served.observation(observation.duration_s)
         assert "no series of this model in dynamo_frontend_requests_started_total" in source.last_notes
 
@@ -124,7 +129,7 @@ async def test_other_models_only_is_unknown_traffic() -> None:
         source = FrontendScrapeSource(exporter.url, model_name=MODEL)
         await source.check()
         exporter.serve_requests(load_trace(limit=50))
-        observation = await source.observe(30)
+        observation = await source.observe(ASKED_S)
         assert observation == TrafficObservation(observation.duration_s, None, None, None)
 
 
@@ -136,12 +141,12 @@ async def test_frontend_down_then_back() -> None:
         port = exporter.port
         exporter.stop()
         with pytest.raises(SourceUnavailableError) as err:
-            await source.observe(30)
+            await source.observe(ASKED_S)
         assert f"cannot connect to http://127.0.0.1:{port}/metrics" in err.value.reason
         assert "ConnectError" in err.value.reason
         exporter.start()  # same port, same counters: the baseline still holds
         served = exporter.serve_requests(load_trace(limit=60))
-        observation = await source.observe(30)
+        observation = await source.observe(ASKED_S)
         assert observation == served.observation(observation.duration_s)
     finally:
         exporter.stop()
@@ -166,7 +171,7 @@ async def test_garbage_is_a_clear_reason(answer: Canned, fragments: tuple[str, .
     with StandInServer() as server:
         server.answer = answer
         source = FrontendScrapeSource(server.url, model_name=MODEL, timeout_s=0.5)
-        for call in (source.check, lambda: source.observe(30)):
+        for call in (source.check, lambda: source.observe(ASKED_S)):
             with pytest.raises(SourceUnavailableError) as err:
                 await call()
             assert err.value.source == "frontend_scrape"

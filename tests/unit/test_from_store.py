@@ -263,3 +263,54 @@ def test_the_window_holds_one_to_max_requests(case: WindowCase, monkeypatch: pyt
         return
     with pytest.raises(ConfigError, match=case.message):
         store_run.check_window(history)
+
+
+class PeakCase(NamedTuple):
+    name: str
+    initial: dict[str, int]
+    decisions: list[tuple[float, dict[str, int]]]
+    peak: dict[str, int]
+    why: str
+
+
+PEAK_CASES = [
+    PeakCase(
+        "each_role_its_own_highest",
+        {"prefill": 2, "decode": 2},
+        [(10.0, {"prefill": 6, "decode": 3}), (70.0, {"prefill": 4, "decode": 5})],
+        {"prefill": 6, "decode": 5},
+        "the roles peak at different times; each keeps its own highest",
+    ),
+    PeakCase(
+        "the_start_counts",
+        {"prefill": 5, "decode": 9},
+        [(30.0, {"prefill": 3, "decode": 4})],
+        {"prefill": 5, "decode": 9},
+        "what was in force when the window started was ordered too",
+    ),
+    PeakCase(
+        "a_decision_naming_one_role",
+        {"prefill": 1, "decode": 1},
+        [(5.0, {"decode": 7})],
+        {"prefill": 1, "decode": 7},
+        "a decision that names one role leaves the other's peak alone",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", PEAK_CASES, ids=lambda c: c.name)
+def test_peak_holds_the_highest_count_each_role_was_ordered(case: PeakCase) -> None:
+    from datetime import UTC, datetime
+
+    from app.sim.replay import store_run
+
+    history = store_run.History(
+        deployment="demo",
+        start=datetime(2026, 1, 1, tzinfo=UTC),
+        ticks=[tick(5.0, 10.0)],
+        decisions=case.decisions,
+        initial=case.initial,
+        end_s=100.0,
+        source={},
+    )
+    assert store_run.peak_counts(history) == case.peak, case.why

@@ -531,6 +531,21 @@ async def test_each_scrape_is_stamped_when_its_request_leaves() -> None:
     assert (observation.num_req, observation.duration_s) == (10.0, 1.0)
 
 
+async def test_a_window_shorter_than_half_the_interval_is_no_reading() -> None:
+    """The first tick right after the start-up check scrapes a fraction of a second later: no
+    request in 0.03 s is no evidence of silence. The baseline stays, so the next observation
+    covers the whole time since it and counts every request."""
+    fake = FakeFrontend([text(traffic(LLAMA, 10)), text(traffic(LLAMA, 10)), text(traffic(LLAMA, 60))])
+    fake.clock = iter([100.0, 100.03, 105.03])
+    source = fake.source()
+    await source.check()
+    with pytest.raises(SourceUnavailableError) as err:
+        await source.observe(5)
+    assert "only 0.03 s since the last scrape" in err.value.reason
+    observation = await source.observe(5)
+    assert (observation.num_req, observation.duration_s) == (50.0, pytest.approx(5.03))
+
+
 async def test_a_failed_scrape_keeps_the_baseline() -> None:
     fake = FakeFrontend(
         [text(traffic(LLAMA, 10)), answer(503, "unavailable", "text/plain"), text(traffic(LLAMA, 25))]

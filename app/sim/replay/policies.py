@@ -96,9 +96,10 @@ class StaticPolicy:
 
     name = "static"
 
-    def __init__(self, replicas: dict[str, int], reason: str) -> None:
+    def __init__(self, replicas: dict[str, int], reason: str, *, name: str = "static") -> None:
         self.replicas = replicas
         self.reason = reason
+        self.name = name
 
     @classmethod
     def for_peak(

@@ -4,6 +4,9 @@ policy, with a comparison of them all and of what the deployment's decisions ord
 
 - `planner`: SLA scaling with the stored settings (or the --config file's);
 - `recorded`: the stored decisions, each ordered when it was made;
+- `peak`: the highest count per role the stored decisions ordered in the window (or in force at
+  its start), held all along: the static allocation the cost report's saving is measured
+  against (app/core/cost/report.py), here with the attainment it would have had;
 - `static`, `oracle`: as `planner replay` computes them.
 
 `planner` and `recorded` start from the counts in force when the window starts (the last
@@ -31,11 +34,11 @@ from app.sim.replay.config import ReplayConfig
 from app.sim.replay.cost import timeline_cost
 from app.sim.replay.from_store import RecordedPolicy, StoredTick, engine_seconds, requests_from_ticks
 from app.sim.replay.outputs import summarize, write_outputs
-from app.sim.replay.policies import Policy
+from app.sim.replay.policies import Policy, StaticPolicy
 from app.sim.replay.run import ProgressLines, World, build_world, load_models, make_policy, run_policy
 from app.sim.world.cluster import ROLES
 
-FROM_STORE_POLICIES = ("planner", "recorded", "static", "oracle")
+FROM_STORE_POLICIES = ("planner", "recorded", "peak", "static", "oracle")
 # The simulator holds every request of a run in memory (a few hundred bytes each, with its
 # engines' bookkeeping) and replays some 30,000 a wall second: five million are gigabytes and
 # minutes per policy. A longer window is asked for in pieces.
@@ -79,9 +82,20 @@ def stored_engine_hours(history: History) -> dict[str, float]:
     return {role: s / 3600.0 for role, s in seconds.items()}
 
 
+def peak_counts(history: History) -> dict[str, int]:
+    """Per role the highest count the window's decisions (or the counts in force at its start)
+    ordered."""
+    orders = [history.initial, *(counts for _, counts in history.decisions)]
+    return {role: max(counts.get(role, 0) for counts in orders) for role in ROLES}
+
+
 def _policy(name: str, history: History, world: World) -> Policy:
     if name == "recorded":
         return RecordedPolicy(history.initial, history.decisions)
+    if name == "peak":
+        peak = peak_counts(history)
+        reason = f"peak: the stored decisions' highest counts held all along: {peak}"
+        return StaticPolicy(peak, reason, name="peak")
     return make_policy(name, world)
 
 
