@@ -80,6 +80,11 @@ class SourceUnavailableError(PlannerError):
         self.reason = reason
 
 
+class WindowTooShortError(SourceUnavailableError):
+    """The source answered, but over too short a window to read a rate from (the first tick right
+    after the start-up check): the traffic is not known yet, and the source is not failing."""
+
+
 class ConnectorError(PlannerError):
     """The cluster could not be read or changed (deployment missing, no permission, conflict)."""
 

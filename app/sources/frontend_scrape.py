@@ -15,11 +15,13 @@ Choices:
   interval")` rather than returning an all-None observation, so the tick records why it skipped.
   `check()` scrapes too and keeps its scrape as the baseline, so after a successful start-up check
   the first observation already knows the traffic.
-- A scrape less than half the asked interval after the baseline (the first tick right after the
-  start-up check, or a late tick followed by one on time) is no reading of a rate: a 0.03 s window
-  without a request says nothing about a traffic of 40 requests a second, and read as silence it
-  orders the minimum. `observe` raises `SourceUnavailableError` with the window's length and
-  keeps the baseline, so the next observation covers the whole time since it and loses nothing.
+- A scrape less than a tenth of the asked interval after the baseline (the first tick right
+  after the start-up check, a few hundredths of a second later) is no reading of a rate: a 0.03 s
+  window without a request says nothing about a traffic of 40 requests a second, and read as
+  silence it orders the minimum. `observe` raises `WindowTooShortError` (the source is not
+  failing: /readyz stays ready) and keeps the baseline, so the next observation covers the whole
+  time since it and loses nothing. A late tick followed by one on time leaves a window of some
+  tenths of the interval, which is a reading.
 - A counter that went down (or whose `_created` timestamp changed, where the exporter publishes
   one) means the frontend restarted: its new value is the increase since the restart. This
   undercounts the requests served between the last scrape and the restart; `last_notes` says so.
@@ -46,7 +48,7 @@ from dataclasses import dataclass, field
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.core.errors import SourceUnavailableError
+from app.core.errors import SourceUnavailableError, WindowTooShortError
 from app.core.types import TrafficObservation
 from app.sources.traffic_common import (
     GAUGES,
@@ -66,7 +68,7 @@ log = logging.getLogger(__name__)
 
 FIRST_SCRAPE = "first scrape taken; traffic is known from the next interval"
 # The shortest window, as a share of the asked interval, read as an observation.
-SHORTEST_WINDOW_SHARE = 0.5
+SHORTEST_WINDOW_SHARE = 0.1
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs: a series' identity
 SeriesKey = tuple[str, Labels]  # (sample name, labels)
@@ -264,9 +266,9 @@ class FrontendScrapeSource(HttpSource):
             raise SourceUnavailableError(self.name, FIRST_SCRAPE)
         window_s = current.taken_at - previous.taken_at
         if window_s < SHORTEST_WINDOW_SHARE * interval_s:
-            raise SourceUnavailableError(
+            raise WindowTooShortError(
                 self.name,
-                f"only {window_s:.2f} s since the last scrape, less than half the {interval_s:g} s "
+                f"only {window_s:.2f} s since the last scrape, less than a tenth of the {interval_s:g} s "
                 "interval: too short to read a rate from; the next observation covers it",
             )
         self._baseline = current

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import DeploymentConfig
 from app.connectors.base import Connector
-from app.core.errors import ConnectorError, SourceUnavailableError
+from app.core.errors import ConnectorError, SourceUnavailableError, WindowTooShortError
 from app.core.perf.fpm import ForwardPassMetrics
 from app.core.planner import Planner
 from app.core.types import Replicas, Role, TrafficObservation
@@ -86,16 +86,19 @@ class GatherMixin:
 
     async def _observe_traffic(self, interval_s: float) -> tuple[TrafficObservation | None, str | None]:
         """The traffic of the last `interval_s`, or why it is unknown (also kept in
-        `source_error` for /readyz until an observation succeeds)."""
+        `source_error` for /readyz until an observation succeeds; a window too short to read is
+        not a failing source)."""
         if self.source is None:
             return None, "no traffic source configured (sources.prometheus or sources.frontend_url)"
-        observation, error = None, None
         try:
             observation = await self.source.observe(interval_s)
+        except WindowTooShortError as exc:
+            return None, str(exc)
         except SourceUnavailableError as exc:
-            error = str(exc)
-        self.source_error = error
-        return observation, error
+            self.source_error = str(exc)
+            return None, self.source_error
+        self.source_error = None
+        return observation, None
 
     async def _ready_counts(self) -> dict[Role, int] | None:
         """Ready engines per role: the connector's report (the DGD's status), else the freshest

@@ -184,10 +184,24 @@ async def test_direct_scrape_traffic_becomes_a_decision(make_api) -> None:
         api = await make_api(deployment({"frontend_url": exporter.url}))
         worker = api.app.state.workers["demo"]
         await worker.wait_until_ready()  # the start-up check takes the first scrape
+        # From here the scrapes' clock is the test's: a tick reads the time since the last scrape.
+        source = worker.source
+        scrape_clock = [source._baseline.taken_at]
+        source._monotonic = lambda: scrape_clock[0]
+        # The first tick right after the check: a window of no time is no reading, and the
+        # source is not failing for it.
+        report = await worker.run_tick(api.clock.now())
+        assert report is not None and report.decision is None
+        (first,) = await diagnostics(api)
+        assert "too short to read a rate from" in first["record"]["throughput"]["detail"]
+        ready = (await api.client.get("/readyz")).json()
+        assert not any(r.startswith("traffic source failing") for r in ready["deployments"]["demo"])
         served = exporter.serve_requests(load_trace(limit=200))
+        scrape_clock[0] += INTERVAL_S
+        api.clock.advance(INTERVAL_S)
         report = await worker.run_tick(api.clock.now())
         assert report is not None and report.decision is not None
-        (record,) = await diagnostics(api)
+        record = (await diagnostics(api))[-1]
         observed = record["record"]["throughput"]["observed"]
         expected = served.observation(observed["duration_s"])
         # Between two scrapes the differences are exact, the count included.

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from app.core.errors import SourceUnavailableError
+from app.core.errors import SourceUnavailableError, WindowTooShortError
 from app.core.types import TrafficObservation
 from app.sources.frontend_scrape import FIRST_SCRAPE, FrontendScrapeSource, difference, parse_metrics
 
@@ -531,19 +531,30 @@ async def test_each_scrape_is_stamped_when_its_request_leaves() -> None:
     assert (observation.num_req, observation.duration_s) == (10.0, 1.0)
 
 
-async def test_a_window_shorter_than_half_the_interval_is_no_reading() -> None:
+async def test_a_window_shorter_than_a_tenth_of_the_interval_is_no_reading() -> None:
     """The first tick right after the start-up check scrapes a fraction of a second later: no
     request in 0.03 s is no evidence of silence. The baseline stays, so the next observation
-    covers the whole time since it and counts every request."""
+    covers the whole time since it and counts every request; the source is not failing."""
     fake = FakeFrontend([text(traffic(LLAMA, 10)), text(traffic(LLAMA, 10)), text(traffic(LLAMA, 60))])
     fake.clock = iter([100.0, 100.03, 105.03])
     source = fake.source()
     await source.check()
-    with pytest.raises(SourceUnavailableError) as err:
+    with pytest.raises(WindowTooShortError) as err:
         await source.observe(5)
     assert "only 0.03 s since the last scrape" in err.value.reason
     observation = await source.observe(5)
     assert (observation.num_req, observation.duration_s) == (50.0, pytest.approx(5.03))
+
+
+async def test_a_late_tick_followed_by_one_on_time_is_a_reading() -> None:
+    """A tick 4 s late and the next on time leave a 1 s window of a 5 s interval: a short
+    reading, but a reading."""
+    fake = FakeFrontend([text(traffic(LLAMA, 10)), text(traffic(LLAMA, 14))])
+    fake.clock = iter([100.0, 101.0])
+    source = fake.source()
+    await source.check()
+    observation = await source.observe(5)
+    assert (observation.num_req, observation.duration_s) == (4.0, 1.0)
 
 
 async def test_a_failed_scrape_keeps_the_baseline() -> None:
