@@ -268,8 +268,8 @@ class FrontendScrapeSource(HttpSource):
         if window_s < SHORTEST_WINDOW_SHARE * interval_s:
             raise WindowTooShortError(
                 self.name,
-                f"only {window_s:.2f} s since the last scrape, less than a tenth of the {interval_s:g} s "
-                "interval: too short to read a rate from; the next observation covers it",
+                f"only {window_s:.2f} s since the last scrape, less than {SHORTEST_WINDOW_SHARE:g} of the "
+                f"{interval_s:g} s interval: too short to read a rate from; the next observation covers it",
             )
         self._baseline = current
         diff = difference(previous.samples, current.samples, self.model_name)

@@ -27,7 +27,7 @@ from app.store.db import downgrade
 from tests.support import REPO_ROOT, free_port
 
 DEMO_S = 900
-DEMO_TIMEOUT_S = 420
+DEMO_TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,9 @@ def demo_store(tmp_path_factory: pytest.TempPathFactory) -> DemoStore:
         "--duration-s",
         str(DEMO_S),
         "--speed",
-        "10",
+        # At speed 10 a loaded 2-core machine's ticks no longer match the simulated arrivals well
+        # enough to hold the 2-point bar (docs/replay-from-store.md, "How close it comes").
+        "5",
         "--port",
         str(free_port()),
         "--store",
@@ -72,10 +74,15 @@ def demo_store(tmp_path_factory: pytest.TempPathFactory) -> DemoStore:
     return DemoStore(path, final["summary"]["slo_attainment"])
 
 
-def snapshot(folder: Path) -> dict[str, str]:
+def snapshot(folder: Path) -> dict[str, str | None]:
     """Every file of the store's folder and its content's hash: a replay may add nothing there
-    (no -wal, -shm or lock file) and change nothing."""
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+    (no -wal, -shm or lock file) and change nothing. An -shm beside a write-ahead log is SQLite's
+    shared index of it, which every reader updates (app/store/history.py `open_read_only`): it is
+    named, not hashed. A log is left when the demo's service ended with a connection still open."""
+    return {
+        p.name: None if p.name.endswith("-shm") else hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.iterdir())
+    }
 
 
 def _at(text: str) -> float:

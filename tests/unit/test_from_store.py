@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from datetime import UTC, datetime
 from typing import NamedTuple
 
 import pytest
 
 from app.core.types import TrafficObservation
+from app.sim.replay import store_run
 from app.sim.replay.from_store import (
     BURST_SPREAD_S,
     RecordedPolicy,
@@ -26,6 +28,25 @@ def tick(
     end_s: float, num_req: float | None, isl: float | None = 300.0, osl: float | None = 50.0
 ) -> StoredTick:
     return StoredTick(end_s, TrafficObservation(5.0, num_req, isl, osl, isl_buckets=HIST))
+
+
+def stored_history(
+    ticks: list[StoredTick],
+    decisions: list[tuple[float, dict[str, int]]],
+    initial: dict[str, int],
+    *,
+    end_s: float,
+) -> store_run.History:
+    """A window of the demo deployment as the store would give it."""
+    return store_run.History(
+        deployment="demo",
+        start=datetime(2026, 1, 1, tzinfo=UTC),
+        ticks=ticks,
+        decisions=decisions,
+        initial=initial,
+        end_s=end_s,
+        source={},
+    )
 
 
 class CountCase(NamedTuple):
@@ -243,21 +264,11 @@ WINDOW_CASES = [
 
 @pytest.mark.parametrize("case", WINDOW_CASES, ids=lambda c: c.name)
 def test_the_window_holds_one_to_max_requests(case: WindowCase, monkeypatch: pytest.MonkeyPatch) -> None:
-    from datetime import UTC, datetime
-
     from app.config import ConfigError
-    from app.sim.replay import store_run
 
     monkeypatch.setattr(store_run, "MAX_REQUESTS", 100)
-    history = store_run.History(
-        deployment="demo",
-        start=datetime(2026, 1, 1, tzinfo=UTC),
-        ticks=[tick(5.0 * (i + 1), n) for i, n in enumerate(case.counts)],
-        decisions=[],
-        initial={"prefill": 1, "decode": 1},
-        end_s=5.0 * len(case.counts),
-        source={},
-    )
+    ticks = [tick(5.0 * (i + 1), n) for i, n in enumerate(case.counts)]
+    history = stored_history(ticks, [], {"prefill": 1, "decode": 1}, end_s=5.0 * len(case.counts))
     if case.message is None:
         store_run.check_window(history)
         return
@@ -300,17 +311,5 @@ PEAK_CASES = [
 
 @pytest.mark.parametrize("case", PEAK_CASES, ids=lambda c: c.name)
 def test_peak_holds_the_highest_count_each_role_was_ordered(case: PeakCase) -> None:
-    from datetime import UTC, datetime
-
-    from app.sim.replay import store_run
-
-    history = store_run.History(
-        deployment="demo",
-        start=datetime(2026, 1, 1, tzinfo=UTC),
-        ticks=[tick(5.0, 10.0)],
-        decisions=case.decisions,
-        initial=case.initial,
-        end_s=100.0,
-        source={},
-    )
+    history = stored_history([tick(5.0, 10.0)], case.decisions, case.initial, end_s=100.0)
     assert store_run.peak_counts(history) == case.peak, case.why
