@@ -3,9 +3,9 @@ runs the real service against the simulated cluster for 15 simulated minutes, th
 rebuilds that traffic from the store and replays it.
 
 What it must show: the `recorded` policy bills the stored decisions' engine-hours (counted here
-from the raw decision rows) within 2%; `planner` with the stored settings comes within 2 points
-of the demo's SLO attainment; the store is byte-identical afterwards; and every bad input is one
-line, exit 2, nothing written.
+from the raw decision rows) within 2%; `planner` with the stored settings comes within
+PLANNER_GAP points of the demo's SLO attainment; the store is byte-identical afterwards; and every
+bad input is one line, exit 2, nothing written.
 """
 
 from __future__ import annotations
@@ -28,6 +28,11 @@ from tests.support import REPO_ROOT, free_port
 
 DEMO_S = 900
 DEMO_TIMEOUT_S = 600
+# How far the replayed `planner` may land from the demo's attainment. Measured (docs/
+# replay-from-store.md, "How close it comes"): 0.4-2.7 points, 1.2 below on average; on the rebuilt
+# traffic it orders fewer engine-hours than the demo's planner did. A replay or a demo gone wrong
+# lands far off: with its first tick read as silence the demo met 71-76%, its replay 98%.
+PLANNER_GAP = 0.035
 
 
 @dataclass(frozen=True)
@@ -137,9 +142,8 @@ def test_replay_from_the_demo_store_matches_what_ran(demo_store: DemoStore, tmp_
     assert comparison["stored"]["engine_hours"] == pytest.approx(hours, rel=1e-6)
     recorded = rows["recorded"]["window_engine_hours"]
     assert abs(recorded - hours) <= 0.02 * hours, (recorded, hours)
-    # `planner` replays the stored settings on traffic rebuilt from per-tick aggregates: its
-    # attainment lands within 2 points of the demo's (measured runs: docs/replay-from-store.md).
-    assert abs(rows["planner"]["slo_attainment"] - demo_store.slo_attainment) <= 0.02, (
+    # `planner` replays the stored settings on traffic rebuilt from per-tick aggregates.
+    assert abs(rows["planner"]["slo_attainment"] - demo_store.slo_attainment) <= PLANNER_GAP, (
         rows["planner"]["slo_attainment"],
         demo_store.slo_attainment,
     )

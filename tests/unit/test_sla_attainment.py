@@ -522,6 +522,29 @@ def _run_with_lead(model: PerfModel, rates: list[float], lead_ticks: int, **over
     return out
 
 
+def test_the_window_holds_what_the_up_horizon_asked_for_not_the_keep_floor(h200: PerfModel) -> None:
+    # 150 req/s swinging +60/-30 from tick to tick, a lead of 12 ticks. Until the keep horizon rests
+    # on the traffic's own pairs nothing is released, so the count stays at the highest the up
+    # horizon asked for. Then the window holds the highest up count of the last lead: the count
+    # goes a lead after the up horizon last asked for it, not a lead after the keep floor last held
+    # it (that floor covered [0, lead + tick] at its own tick; held a lead more, two leads' peaks).
+    rates = [150.0 + (60.0 if i % 3 == 0 else -30.0) for i in range(40)]
+    lead_ticks = 12
+    ticks = _run_with_lead(h200, rates, lead_ticks)
+    roles = [r.diagnostics["roles"]["prefill"] for _, r, _ in ticks]
+    targets = [c["prefill"] for _, _, c in ticks]
+    released = next(i for i, d in enumerate(roles) if not d["keep_held"])
+    held = targets[released - 1]
+    assert max(d["up"] for d in roles[:released]) == held  # the hold kept what the up horizon asked
+    last_asked = max(i for i, d in enumerate(roles[:released]) if d["up"] >= held)
+    assert last_asked < released - 1  # asked before the hold ended: the two readings differ
+    first_lower = next(i for i in range(released, len(ticks)) if targets[i] < held)
+    # Strictly older than the window: the ask at `last_asked` leaves it `lead_ticks + 1` ticks on.
+    assert first_lower == last_asked + lead_ticks + 1
+    # Lowered to what the up horizon asked for since, still above the wish: the window sets it.
+    assert roles[first_lower]["wish"] < targets[first_lower] < held
+
+
 def test_a_count_is_held_for_a_lead_after_the_traffic_last_asked_for_it(h200: PerfModel) -> None:
     # Four minutes at 200 req/s, then a trickle: an engine released now would be back a lead
     # (here 12 ticks, 60 s) later at the earliest, so what the burst's last tick asked for stays
@@ -537,10 +560,10 @@ def test_a_count_is_held_for_a_lead_after_the_traffic_last_asked_for_it(h200: Pe
     held = _run_with_lead(h200, rates, lead_ticks)
     unheld = _run_with_lead(h200, rates, lead_ticks, keep_window_leads=0.0)
     assert held[40][1].diagnostics["scale_down_window_s"] == pytest.approx(lead_ticks * TICK_S)
-    # The last tick whose own count was the burst's: the window counts from it.
+    # The last tick whose up count was the burst's: the window counts from it.
     steady = held[47][2]["prefill"]
-    wishes = [r.diagnostics["roles"]["prefill"]["wish"] for _, r, _ in held]
-    last_asked = max(i for i, w in enumerate(wishes) if w >= steady)
+    ups = [r.diagnostics["roles"]["prefill"]["up"] for _, r, _ in held]
+    last_asked = max(i for i, w in enumerate(ups) if w >= steady)
     assert last_asked >= 47
     assert first_release(held) - last_asked >= lead_ticks
     assert first_release(unheld) < first_release(held)

@@ -113,8 +113,8 @@ class SlaModel(BaseModel):
     keep_window_leads: float = Field(
         default=1.0,
         ge=0,
-        description="attainment sizing: a count is lowered only to the highest of the counts chosen over "
-        "the last this many measured scaling latencies",
+        description="attainment sizing: a count is lowered only to the highest of the up horizon's counts "
+        "over the last this many measured scaling latencies",
     )
     history_s: float = Field(
         default=1800.0, gt=0, description="how much of the traffic's past the forecast learns from"

@@ -21,7 +21,8 @@ from app.core.types import Role
 
 
 class Wish(NamedTuple):
-    """What one tick wished for: the stabilisation window keeps the largest (step.py)."""
+    """What one tick asked for (its wish; under attainment sizing its up count): the window of
+    step.py keeps the largest."""
 
     t_s: float
     counts: dict[Role, int]

@@ -18,8 +18,8 @@ engine's latest forward passes (FPM) and the ready counts, and per role decides 
      serves the scenarios' request-weighted `sla.attainment_target` quantile, lowered while one
      fewer still has an expected attainment (queue model, each scenario weighted by the
      requests it brings) at or above the target. The count is the larger of the up count and
-     the current count lowered no further than the keep count, and lowered only to the highest
-     count of the last lead (`keep_window_leads`).
+     the current count lowered no further than the keep count, nor below the highest up count
+     of the last lead (`keep_window_leads`).
    - `headroom` (demand.py, wish.py, quiet.py): the level raised by a learned headroom (the
      quantile of how far the level rose within a lead), a ramp under way and a surge; kept in
      quiet periods while a return is likely; lowered only to the highest wish of the
@@ -216,9 +216,12 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
             "queued_requests": inp.traffic.queued_requests if inp.traffic else None,
             "inflight_requests": inp.traffic.inflight_requests if inp.traffic else None,
         }
-    state.wishes.append(Wish(now, wish))
     # Attainment sizing: an engine released now is back a lead later at the earliest, so a count
-    # chosen within the last lead says the traffic may ask for it again before a new one serves.
+    # the up horizon asked for within the last lead may be asked for again before a new one
+    # serves. The window holds those up counts, not the wishes: a wish also holds the keep count,
+    # which covers [0, lead + tick] on its own, and a lead of them would cover two leads' peaks.
+    asked = {r: settings.bounds[r].clamp(int(role_diag[r]["up"])) for r in wish} if by_attainment else wish
+    state.wishes.append(Wish(now, asked))
     window_s = settings.keep_window_leads * lead_s if by_attainment else scale_down_window_s(settings, lead_s)
     diagnostics["scale_down_window_s"] = round(window_s, 1)
     # Strictly older than the window: with a window of 0 the current wish stays in it.
@@ -250,12 +253,13 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
             target[role], reasons[role] = current, SlaReason.HOLD
             role_diag[role]["hold"] = "the forecast's headroom is not learned yet"
         else:
-            stable = max(w.counts[role] for w in state.wishes)
+            stable = max(max(w.counts[role] for w in state.wishes), want)
             if stable < current:
                 target[role], reasons[role] = stable, SlaReason.SCALE_DOWN
             else:
                 target[role], reasons[role] = current, SlaReason.HOLD
-                role_diag[role]["hold"] = f"highest wish of the window is {stable}"
+                asked_for = "up count of the last lead" if by_attainment else "wish of the window"
+                role_diag[role]["hold"] = f"highest {asked_for} is {stable}"
         ready = inp.ready.get(role, 0)
         if state.shortfalls and role in state.shortfalls and want <= ready:
             del state.shortfalls[role]  # what runs is enough: nothing is missing any more
