@@ -29,7 +29,7 @@ from tests.support import REPO_ROOT, free_port
 DEMO_S = 900
 DEMO_TIMEOUT_S = 600
 # How far the replayed `planner` may land from the demo's attainment. Measured (docs/
-# replay-from-store.md, "How close it comes"): 0.4-2.7 points, 1.2 below on average; on the rebuilt
+# replay-from-store.md, "How close it comes"): 0.3-2.7 points, 1.2 below on average; on the rebuilt
 # traffic it orders fewer engine-hours than the demo's planner did. A replay or a demo gone wrong
 # lands far off: with its first tick read as silence the demo met 71-76%, its replay 98%.
 PLANNER_GAP = 0.035
@@ -64,8 +64,8 @@ def demo_store(tmp_path_factory: pytest.TempPathFactory) -> DemoStore:
         "--duration-s",
         str(DEMO_S),
         "--speed",
-        # At speed 10 a loaded 2-core machine's ticks no longer match the simulated arrivals well
-        # enough to hold the 2-point bar (docs/replay-from-store.md, "How close it comes").
+        # The slower the demo's clock, the closer its ticks' windows match the simulated arrivals
+        # (docs/replay-from-store.md, "How close it comes").
         "5",
         "--port",
         str(free_port()),
