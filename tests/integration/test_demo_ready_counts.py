@@ -26,12 +26,14 @@ SLACK_S = 2.0
 
 
 def write_trace(path: Path) -> Path:
-    """Mooncake JSONL: 1 request/s for 60 s, then 9 requests/s until 200 s, then 1/s until 300 s
-    (ISL 8000, OSL 50): prefill scales up, then down."""
+    """Mooncake JSONL: 1 request/s for 60 s, 4 requests/s until 90 s, 9/s until 200 s, then 1/s
+    until 300 s (ISL 8000, OSL 50): prefill scales up, then down. The second step comes 30 s after
+    the first, within the 120 s start-up of the engines the first one ordered: the order for it
+    supersedes theirs whatever the ticks' phase against the steps."""
     lines, t_s = [], 0.0
     while t_s < 300.0:
         lines.append(json.dumps({"timestamp": round(t_s * 1000), "input_length": 8000, "output_length": 50}))
-        t_s += 1.0 / 9.0 if 60.0 <= t_s < 200.0 else 1.0
+        t_s += 1.0 / 9.0 if 90.0 <= t_s < 200.0 else 1.0 / 4.0 if 60.0 <= t_s < 90.0 else 1.0
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -74,7 +76,8 @@ def test_every_tick_counts_the_engines_the_simulator_runs(tmp_path: Path, cleanu
     assert demo.interrupt() == 0, demo.output()
 
     assert len(reports) >= 3, reports
-    assert any(d["status"] == "superseded" for d in decisions), "the run must supersede decisions"
+    statuses = [(d["id"], d["status"], d["num_prefill"], d["num_decode"]) for d in decisions]
+    assert any(d["status"] == "superseded" for d in decisions), ("the run must supersede decisions", statuses)
     assert max(d["num_prefill"] for d in decisions) >= 2, decisions
     first_report_s = reports[0][0]
     checked = 0
