@@ -242,6 +242,10 @@ class SlaDemand(Record):
     isl_mean: Num = None
     isl_quantile: Num = None
     osl_mean: Num = None
+    # The share of prompt tokens prefill computes (the rest read from a prefix cache), and whether
+    # the tick had every prefill pass to measure it by (app/core/sla/computed.py).
+    computed_share: Num = None
+    computed_share_measured: Flag = None
 
 
 class SlaRole(Record):
@@ -249,7 +253,8 @@ class SlaRole(Record):
     hold: Text = None
     needed: Num = None
     wish: Num = None
-    # prefill
+    # prefill (in prompt tokens; each prompt costs what its computed_share takes, computed.py)
+    computed_share: Num = None
     utilisation: Num = None
     wait_s: Num = None
     service_s: Num = None

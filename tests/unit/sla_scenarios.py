@@ -97,6 +97,7 @@ class Run:
         fpm: Fpm | None = None,
         ready: dict[Role, int] | None = None,
         follow: bool = True,
+        passes: Mapping[Role, list[ForwardPassMetrics]] | None = None,
     ) -> SlaResult:
         self.now_s += TICK_S
         traffic = None
@@ -114,6 +115,9 @@ class Run:
                 dict(current_ready),
                 dict(self.expected),
                 inventory_known=self.inventory_known,
+                # Every forward pass of the interval, for the roles given.
+                fpm_new=dict(passes or {}),
+                fpm_complete=dict.fromkeys(passes or {}, True),
             ),
             self.settings,
         )

@@ -68,7 +68,7 @@ class PrefillQueue:
         max_utilisation: float = 1.0,
     ) -> PrefillQueue:
         target_s = ttft_target_ms / 1000.0
-        longest = cost.longest_within_s(target_s * correction)
+        longest = cost.longest_within_s(target_s * correction, computed_share=mix.computed_share)
         lengths, weights, alone, busy = mix_times(cost, mix, correction)
         servable = lengths <= longest
         mean_tokens = float(weights @ lengths)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 import numpy as np
@@ -59,6 +59,8 @@ class LengthMix:
     second_moment: float  # E[isl²]
     quantile: float  # the prompt length at the sizing quantile
     points: tuple[tuple[float, float], ...] = ()  # (length, weight)
+    # The share of each prompt's tokens prefill computes; the rest, its start, is a cache hit.
+    computed_share: float = 1.0
 
     @classmethod
     def uniform(cls, isl: float) -> LengthMix:
@@ -109,6 +111,11 @@ class LengthMix:
             lower = upper if math.isfinite(upper) else lower
         return cls(mean, max(second, mean * mean), max(quantile, mean), points)
 
+    def computed(self, share: float) -> LengthMix:
+        """These prompts with `share` of each computed, the start of each read from a prefix
+        cache (computed.py): the lengths stay, what each costs an engine falls."""
+        return self if share == self.computed_share else replace(self, computed_share=share)
+
 
 @dataclass(frozen=True)
 class PrefillSizing:
@@ -144,7 +151,7 @@ def prefill_engines(
     target_s = ttft_target_ms / 1000.0
     # The correction divides every engine time, so the longest servable prompt is the longest
     # whose uncorrected prefill fits the target times the correction.
-    longest = cost.longest_within_s(target_s * correction)
+    longest = cost.longest_within_s(target_s * correction, computed_share=mix.computed_share)
     lengths, weights, alone, busy = mix_times(cost, mix, correction)
     servable = lengths <= longest
     unservable = float(weights[~servable].sum())
@@ -152,7 +159,7 @@ def prefill_engines(
     mean_s = float(weights @ busy)
     capacity = mean_len / mean_s if mean_s > 0 else 0.0
     q_len = mix.quantile if mix.quantile <= longest else float(lengths[servable].max(initial=0.0))
-    service_s = cost.alone_s(q_len) / correction if q_len > 0 else 0.0
+    service_s = cost.alone_s(q_len, mix.computed_share) / correction if q_len > 0 else 0.0
     if token_rate_s <= 0 or mean_len <= 0:
         return PrefillSizing(0, 0.0, 0.0, service_s, capacity, True, 0.0, unservable, longest)
     request_rate = token_rate_s / mean_len
@@ -206,8 +213,8 @@ def mix_times(cost: PrefillCost, mix: LengthMix, correction: float) -> tuple[np.
     lengths = np.array([length for length, _ in points])
     weights = np.array([w for _, w in points])
     weights = weights / weights.sum()
-    alone = np.array([cost.alone_s(length) for length in lengths]) / correction
-    busy = np.array([cost.busy_s(length) for length in lengths]) / correction
+    alone = np.array([cost.alone_s(length, mix.computed_share) for length in lengths]) / correction
+    busy = np.array([cost.busy_s(length, mix.computed_share) for length in lengths]) / correction
     result = (lengths, weights, alone, busy)
     _MIX_TIMES[:] = [(cost, mix, correction, result)]
     return result

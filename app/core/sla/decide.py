@@ -200,7 +200,7 @@ def attainment_wishes(
     queue = (
         PrefillQueue.build(
             state.latency.prefill,
-            seen.mix,
+            seen.mix.computed(state.computed_share),
             ttft_target_ms=settings.ttft_target_ms,
             dispersion=seen.dispersion,
             correction=state.correction,

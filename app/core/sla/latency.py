@@ -189,15 +189,17 @@ class PrefillCost:
     def iteration_ms(self, tokens: float, prefix_tokens: float = 0.0, prompts: float = 1.0) -> float:
         return self.model.predict_ms(prefill_features(tokens, prefix_tokens, prompts))
 
-    def alone_s(self, isl_tokens: float) -> float:
+    def alone_s(self, isl_tokens: float, computed_share: float = 1.0) -> float:
         """One prompt on an idle engine: its chunks one after the other, each reading the prefix
-        of the chunks before it."""
+        of the chunks before it. With `computed_share` below 1 the rest of the prompt, its start,
+        is read from a prefix cache: only the tokens after it are computed, reading it all."""
         isl = max(float(isl_tokens), 1.0)
-        starts = np.arange(0.0, isl, self.chunk_tokens)
+        cached = min(isl * (1.0 - computed_share), isl - 1.0)
+        starts = np.arange(cached, isl, self.chunk_tokens)
         takes = np.minimum(self.chunk_tokens, isl - starts)
         return float(self.model.predict_many_ms(prefill_rows(takes, starts)).sum()) / 1000.0
 
-    def busy_s(self, isl_tokens: float) -> float:
+    def busy_s(self, isl_tokens: float, computed_share: float = 1.0) -> float:
         """Engine time one prompt takes on a saturated engine: alone, unless the engine packs
         prompts into full chunks, which share the iteration's fixed cost. Packed, a prompt costs
         no less than its tokens' share of one full single-prompt chunk: the features charge
@@ -206,26 +208,28 @@ class PrefillCost:
         and where no record has shown it yet. Read per prompt, a short-prompt mix is modelled faster
         than any full chunk can run (53.4k tokens/s against the 48.2k of a full 8,192-token chunk
         on the bundled H200 profile), so an engine planned at 88% runs saturated."""
-        alone = self.alone_s(isl_tokens)
+        alone = self.alone_s(isl_tokens, computed_share)
         if not self.packs:
             return alone
-        isl = max(float(isl_tokens), 1.0)
-        chunks = math.ceil(isl / self.chunk_tokens)
+        computed = max(float(isl_tokens) * computed_share, 1.0)
+        chunks = math.ceil(computed / self.chunk_tokens)
         fixed_ms = self.model.coefficients[0] * _PREFILL_SCALE[0]
-        shared_ms = fixed_ms * (chunks - isl / self.chunk_tokens)
-        full_chunk_s = self.iteration_ms(self.chunk_tokens) / 1000.0 * isl / self.chunk_tokens
+        shared_ms = fixed_ms * (chunks - computed / self.chunk_tokens)
+        full_chunk_s = self.iteration_ms(self.chunk_tokens) / 1000.0 * computed / self.chunk_tokens
         return max(alone - max(shared_ms, 0.0) / 1000.0, alone * 0.2, min(full_chunk_s, alone))
 
-    def longest_within_s(self, budget_s: float, limit_tokens: int = 1 << 20) -> int:
+    def longest_within_s(
+        self, budget_s: float, limit_tokens: int = 1 << 20, computed_share: float = 1.0
+    ) -> int:
         """The longest prompt whose prefill alone fits in `budget_s` (0: not even one token)."""
-        if self.alone_s(1) > budget_s:
+        if self.alone_s(1, computed_share) > budget_s:
             return 0
         lo, hi = 1, limit_tokens
-        if self.alone_s(hi) <= budget_s:
+        if self.alone_s(hi, computed_share) <= budget_s:
             return hi
         while hi - lo > max(16, lo // 200):
             mid = (lo + hi) // 2
-            if self.alone_s(mid) <= budget_s:
+            if self.alone_s(mid, computed_share) <= budget_s:
                 lo = mid
             else:
                 hi = mid

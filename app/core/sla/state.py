@@ -72,6 +72,14 @@ class PrefillPasses(NamedTuple):
     by_engine: Mapping[EngineKey, ForwardPassMetrics]
 
 
+class SharePoint(NamedTuple):
+    """One tick's prompt tokens and the tokens prefill computed for them (computed.py)."""
+
+    t_s: float
+    prompt_tokens: float
+    computed_tokens: float
+
+
 class Lengths(NamedTuple):
     """The last mean prompt and output lengths seen with traffic (step.py)."""
 
@@ -104,6 +112,11 @@ class SlaState:
     latency: LatencyModels | None = None
     correction: float = 1.0
     prefill_passes: PrefillPasses | None = None  # learners.py
+    # The share of prompt tokens prefill computes, the points it is read from, and the prefill
+    # engines' queued tokens at the last tick (computed.py).
+    computed_share: float = 1.0
+    shares: deque[SharePoint] = field(default_factory=deque)
+    prefill_queued_tokens: float | None = None
     quiet: QuietState = field(default_factory=QuietState)  # quiet.py's `observe`, each tick
     last_tick_s: float | None = None  # step.py
     lengths: Lengths | None = None  # step.py
@@ -134,6 +147,9 @@ class SlaState:
             latency=self.latency,
             correction=self.correction,
             prefill_passes=self.prefill_passes,
+            computed_share=self.computed_share,
+            shares=deque(self.shares),
+            prefill_queued_tokens=self.prefill_queued_tokens,
             quiet=self.quiet,
             last_tick_s=self.last_tick_s,
             lengths=self.lengths,

@@ -7,7 +7,8 @@ engine's latest forward passes (FPM) and the ready counts, and per role decides 
    whose prior is the profile; beyond what the engines have shown it is read high. The lead is
    how long the planner's own scale-ups took to become ready (`startup_estimate_s` until then).
 2. **Demand seen**: the busiest 2-tick burst of the last 4 ticks, the 12-tick trend level, the
-   prompt-length mix and the arrivals' burstiness (demand.py).
+   prompt-length mix, the arrivals' burstiness (demand.py) and the share of the prompt tokens
+   prefill computes, the rest read from a prefix cache (computed.py).
 3. **Forecast and count**, by `scaling.sizing`:
    - `attainment` (decide.py, forecast.py, attainment.py): demand scenarios for two horizons,
      `up` ([lead, lead + tick]: what engines ordered now serve) and `keep` ([0, lead + tick]: an
@@ -49,6 +50,7 @@ from app.core.sla.capacity import (
     LengthMix,
     peak_concurrency,
 )
+from app.core.sla.computed import update_computed_share
 from app.core.sla.decide import attainment_wishes, forecasts, observe
 from app.core.sla.decode_wish import record_held
 from app.core.sla.demand import demand_at
@@ -85,6 +87,7 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         role: update_scale(model, state, role, records, settings, now) for role, records in inp.fpm.items()
     }
     lead_s = update_lead(state, inp, settings)
+    computed = update_computed_share(state, inp, settings)
     if inp.traffic is not None and inp.traffic.duration_s > 0:
         state.samples.append(inp.traffic)
     while state.samples and state.samples[0].end_s <= now - settings.lookback_s:
@@ -153,6 +156,7 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
         "isl_mean": round(demand.isl, 1),
         "isl_quantile": round(demand.mix.quantile, 1),
         "osl_mean": round(demand.osl, 1),
+        **computed,
     }
     check = check_busy(state, inp, interval_s, settings)
     if check is None:

@@ -1,9 +1,10 @@
 """The counts one demand needs (SLA scaling's sizing at one demand, app/core/sla/step.py and
 app/core/sla/decide.py): prefill for the TTFT target including queueing (bursts and the
-prompt-length mix) and the prompts queued now, plus, while the engines are behind, what that queue
-gains before engines ordered now serve (`backlog_growth`); decode for the ITL target by Little's
-law at the `decode_peak_quantile` of the requests in flight (app/core/sla/decode_wish.py), with the
-prompts the queue's drain sends it, and at least the requests the engines hold now."""
+prompt-length mix, each prompt costing what its uncached part does: computed.py) and the prompts
+queued now, plus, while the engines are behind, what that queue gains before engines ordered now
+serve (`backlog_growth`); decode for the ITL target by Little's law at the `decode_peak_quantile`
+of the requests in flight (app/core/sla/decode_wish.py), with the prompts the queue's drain sends
+it, and at least the requests the engines hold now."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def wishes_at(
             return prefill_engines(
                 state.latency.prefill,
                 token_rate_s=demand.token_rate_s + backlog_tokens / drain_s,
-                mix=demand.mix,
+                mix=demand.mix.computed(state.computed_share),
                 ttft_target_ms=settings.ttft_target_ms,
                 quantile=settings.quantile,
                 max_utilisation=settings.prefill_max_utilisation,
@@ -74,6 +75,7 @@ def wishes_at(
         wish["prefill"] = settings.bounds["prefill"].clamp(sizing.engines)
         rate = (demand.token_rate_s + backlog_rate) / demand.mix.mean if demand.mix.mean > 0 else 0.0
         diag["prefill"] = {
+            "computed_share": round(state.computed_share, 4),
             "needed": sizing.engines,
             "wish": wish["prefill"],
             "utilisation": round(sizing.utilisation, 3),
