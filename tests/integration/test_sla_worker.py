@@ -15,12 +15,14 @@ from typing import Any
 
 import pytest
 
+from app.core.perf.fpm import ForwardPassMetrics, QueuedRequestMetrics, ScheduledRequestMetrics
 from app.core.sla.capacity import LengthMix, prefill_engines
 from app.core.sla.latency import prior_models
 from app.planner_setup import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from app.sim.world.frontend import FrontendCounters
 from app.sources.frontend_scrape import FrontendScrapeSource
-from tests.integration.test_fpm_zmq import WAIT_S, spawn  # noqa: F401  (fixture)
+from tests.fpm_publisher import Publisher, encode
+from tests.integration.test_fpm_zmq import LOOPBACK_ANY_PORT, WAIT_S, spawn, wait_until  # noqa: F401  (fixture)
 from tests.support import REPO_ROOT, demo_config
 from tests.support_frontend import Canned, StandInServer
 
@@ -176,3 +178,84 @@ async def test_sla_without_a_profile_records_model_not_ready(make_api, caplog) -
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[demo] tick")]
     assert len(lines) == 2 and all("sla model_not_ready: no performance model" in line for line in lines)
     assert worker.last_error is None and worker.consecutive_failures == 0
+
+
+@pytest.mark.timeout(120)
+async def test_the_computed_share_comes_from_every_prefill_pass_over_zmq(make_api, spawn) -> None:  # noqa: F811
+    """A prefill engine whose passes compute 40% of the prompt tokens the frontend counted (the
+    rest a prefix cache served), every pass sent over real ZMQ: once a trend window of ticks has
+    every pass, the tick record says 0.4, and prefill is sized for it."""
+    share, ticks = 0.4, 15
+    decode_engine = spawn("decode-a", "--mode", "heartbeats")
+    publisher = Publisher(LOOPBACK_ANY_PORT)
+    counters = FrontendCounters(model="llama")
+    try:
+        with StandInServer() as frontend:
+            frontend.answer = Canned(body=counters.render_prometheus().encode())
+            api = await make_api(
+                demo_config(
+                    profile=H200,
+                    sla={"ttft_ms": TTFT_MS, "itl_ms": 50},
+                    scaling={"algorithm": "sla", "interval_s": TICK_S, "trend": False},
+                    sources={
+                        "frontend_url": frontend.url,
+                        "fpm_endpoints": {
+                            "prefill": [publisher.endpoint],
+                            "decode": [decode_engine.endpoint],
+                        },
+                    },
+                )
+            )
+            worker = api.app.state.workers["demo"]
+            worker.source = FrontendScrapeSource(frontend.url, monotonic=lambda: api.clock.now().timestamp())
+            for subscriber in worker.fpm.values():
+                subscriber.start()
+            publisher.wait_for_subscriber(timeout_s=WAIT_S)
+            # Full chunks at the profile's time: the passes teach the latency model nothing new.
+            chunk = DEFAULT_MAX_NUM_BATCHED_TOKENS
+            wall_s = worker.planner.model.prefill_ttft_ms(chunk) / 1000.0
+            chunk_pass = ForwardPassMetrics(
+                worker_id="prefill-a",
+                dp_rank=0,
+                wall_time_s=wall_s,
+                scheduled=ScheduledRequestMetrics(num_prefill_requests=1, sum_prefill_tokens=chunk),
+                queued=QueuedRequestMetrics(),
+            )
+            passes = round(REQUESTS * ISL * share / chunk)
+            sent = 0
+            try:
+                publisher.send(encode(chunk_pass, "map"))
+                sent += 1
+                prefill = worker.fpm["prefill"]
+                wait_until(lambda: prefill.snapshot().received >= sent, "the prefill engine's first pass")
+                wait_until(lambda: len(worker.fpm["decode"].snapshot().engines) == 1, "the decode engine")
+                await worker.wait_until_ready()
+                for _ in range(ticks):
+                    for _ in range(passes):
+                        publisher.send(encode(chunk_pass, "map"))
+                    sent += passes
+                    await asyncio.to_thread(
+                        wait_until, lambda n=sent: prefill.snapshot().received >= n, "the passes"
+                    )
+                    api.clock.advance(TICK_S)
+                    serve(counters, frontend, REQUESTS)
+                    await worker.run_tick(api.clock.now())
+            finally:
+                for subscriber in worker.fpm.values():
+                    await asyncio.to_thread(subscriber.stop)
+    finally:
+        publisher.close()
+
+    records = [item["record"] for item in await diagnostics(api)]
+    assert len(records) == ticks
+    measured = passes * chunk / (REQUESTS * ISL)  # 0.4, to whole chunks
+    last = records[-1]["sla"]
+    assert last["demand"]["computed_share_measured"] is True
+    # Every pass of the ticks arrived: the share is what they computed, the first ticks' too.
+    assert last["demand"]["computed_share"] == pytest.approx(measured, abs=1e-3), last["demand"]
+    assert last["roles"]["prefill"]["computed_share"] == pytest.approx(measured, abs=1e-3)
+    # Until the passes span a trend window every prompt token is charged.
+    assert records[3]["sla"]["demand"]["computed_share"] == 1.0
+    assert last["roles"]["prefill"]["wish"] < records[3]["sla"]["roles"]["prefill"]["wish"], (
+        "a cache serving 60% of the prompt tokens leaves prefill less to do"
+    )
