@@ -68,6 +68,7 @@ PROFILE = REPO / "data" / "profiles" / "h200-llama3.1-8b-fp8"
 REPLAY_CONFIG = REPO / "examples" / "replay.yaml"
 AZURE = REPO / "data" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 MOONCAKE = REPO / "data" / "traces" / "mooncake_trace_arxiv_first1000.jsonl"
+MOONCAKE_SYNTHETIC = REPO / "data" / "traces" / "mooncake_synthetic_trace.jsonl"
 DEFAULT_OUT = BENCH / "results" / "dynamo_replay.json"
 
 POLICIES = ("planner", "dynamo", "fixed", "first-order")
@@ -97,6 +98,7 @@ WORKLOADS = {
         Workload("azure-conv-x10-rr", AZURE, 10, "round_robin", 1000.0, 30.0),
         Workload("azure-conv-x30-kv", AZURE, 30, "kv_router", 1000.0, 30.0),
         Workload("mooncake-arxiv-x4-kv", MOONCAKE, 4, "kv_router", 3000.0, 40.0, prefixes=True),
+        Workload("mooncake-synthetic-x2-kv", MOONCAKE_SYNTHETIC, 2, "kv_router", 3000.0, 40.0, prefixes=True),
     )
 }
 
