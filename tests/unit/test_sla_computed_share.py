@@ -128,6 +128,32 @@ def test_the_computed_share_is_measured_from_every_pass(case: ShareCase) -> None
     assert diag["computed_share_measured"] == (case.ticks[-1].computed_tokens is not None), case.why
 
 
+def test_an_engine_gone_with_its_queue_is_not_a_cache_hit() -> None:
+    """Two engines computing 30% of the prompt tokens between them; one, 200,000 tokens queued,
+    goes away (restarted, expired, removed) half-way: its queue is not read as tokens a cache
+    served."""
+    settings = settings_for(h200_model(), ("prefill", "decode"))
+    state = SlaState()
+    for i in range(16):
+        now_s = (i + 1) * TICK_S
+        engines = ("p0", "p1") if i < 8 else ("p0",)
+        records = {
+            (e, 0): prefill_pass(int(PROMPT * 0.3) // len(engines), 200_000 if e == "p1" else 0, e)
+            for e in engines
+        }
+        inp = SlaInput(
+            now_s,
+            TrafficSample(now_s, TICK_S, REQUESTS, ISL, OSL),
+            {"prefill": records},
+            {"prefill": len(engines), "decode": 1},
+            {"prefill": len(engines), "decode": 1},
+            fpm_new={"prefill": list(records.values())},
+            fpm_complete={"prefill": True},
+        )
+        update_computed_share(state, inp, settings)
+    assert state.computed_share == pytest.approx(0.3, abs=1e-4), "the vanished queue is not a hit"
+
+
 def test_the_share_is_read_over_the_lookback() -> None:
     settings = settings_for(h200_model(), ("prefill", "decode"))
     ticks = int(settings.lookback_s / TICK_S)

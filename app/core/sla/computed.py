@@ -5,9 +5,10 @@ computed: a deployment whose prompts share system prompts or conversation histor
 fraction of the prompt tokens its frontend counts. Charged every prompt token, prefill is sized
 for work nobody does. With every prefill forward pass of the interval (`fpm_complete`), a tick
 measures the tokens computed: Σ `sum_prefill_tokens` (which leaves the prefix hits out), plus what
-the engines' queues grew by. Prompts that arrived and wait are not a cache hit: without the
+each engine's queue grew by. Prompts that arrived and wait are not a cache hit: without the
 queue's growth, engines too few for a rise would read as a cache and be sized fewer still. The
-queue counts raw prompt tokens (a queued prompt's hit is not known yet): that errs high.
+queue counts raw prompt tokens (a queued prompt's hit is not known yet), and the queue of an
+engine that went away is not subtracted: both err high.
 
 The share is Σ computed ÷ Σ prompt tokens (the frontend's requests × mean ISL) over the samples'
 lookback (`lookback_s`): minutes, not a tick, since a tick's passes lag its arrivals by the prompts
@@ -42,17 +43,18 @@ def update_computed_share(state: SlaState, inp: SlaInput, settings: SlaSettings)
     """Add the tick's point (module docstring), drop those beyond the lookback and set
     `state.computed_share`; the diagnostics say whether the tick measured one."""
     prefill = inp.fpm.get("prefill", {})
-    queued_now = sum(r.queued.sum_prefill_tokens for r in prefill.values()) if prefill else None
-    measured = bool(inp.fpm_complete.get("prefill")) and queued_now is not None
+    queues = {key: float(r.queued.sum_prefill_tokens) for key, r in prefill.items()} if prefill else None
+    measured = bool(inp.fpm_complete.get("prefill")) and queues is not None
     # The first tick with every pass has no earlier queue to measure the growth from.
-    if measured and queued_now is not None and state.prefill_queued_tokens is not None:
+    if measured and queues is not None and state.prefill_queues is not None:
         traffic = inp.traffic
         prompt = traffic.num_req * traffic.isl if traffic is not None and traffic.isl is not None else 0.0
         computed = sum(r.scheduled.sum_prefill_tokens for r in inp.fpm_new.get("prefill", ()))
-        state.shares.append(
-            SharePoint(inp.now_s, prompt, computed + queued_now - state.prefill_queued_tokens)
-        )
-    state.prefill_queued_tokens = queued_now
+        # Per engine: a new one's queue is all growth; one gone took its queue with it (restarted,
+        # expired, removed), which is no computed token and no cache hit either.
+        grown = sum(q - state.prefill_queues.get(key, 0.0) for key, q in queues.items())
+        state.shares.append(SharePoint(inp.now_s, prompt, computed + grown))
+    state.prefill_queues = queues
     while state.shares and state.shares[0].t_s <= inp.now_s - settings.lookback_s:
         state.shares.popleft()
     prompt_sum = sum(p.prompt_tokens for p in state.shares)

@@ -112,11 +112,11 @@ class SlaState:
     latency: LatencyModels | None = None
     correction: float = 1.0
     prefill_passes: PrefillPasses | None = None  # learners.py
-    # The share of prompt tokens prefill computes, the points it is read from, and the prefill
-    # engines' queued tokens at the last tick (computed.py).
+    # The share of prompt tokens prefill computes, the points it is read from, and each prefill
+    # engine's queued tokens at the last tick (computed.py).
     computed_share: float = 1.0
     shares: deque[SharePoint] = field(default_factory=deque)
-    prefill_queued_tokens: float | None = None
+    prefill_queues: dict[EngineKey, float] | None = None
     quiet: QuietState = field(default_factory=QuietState)  # quiet.py's `observe`, each tick
     last_tick_s: float | None = None  # step.py
     lengths: Lengths | None = None  # step.py
@@ -149,7 +149,7 @@ class SlaState:
             prefill_passes=self.prefill_passes,
             computed_share=self.computed_share,
             shares=deque(self.shares),
-            prefill_queued_tokens=self.prefill_queued_tokens,
+            prefill_queues=dict(self.prefill_queues) if self.prefill_queues is not None else None,
             quiet=self.quiet,
             last_tick_s=self.last_tick_s,
             lengths=self.lengths,
