@@ -39,6 +39,20 @@ async def diagnostics(api) -> list[dict[str, Any]]:
     return (await api.client.get("/diagnostics", params={"deployment": "demo"})).json()["items"]
 
 
+def sla_config(frontend_url: str, prefill_endpoint: str, decode_endpoint: str) -> dict[str, Any]:
+    """Deployment `demo` under SLA scaling on the H200 profile, reading the frontend and one
+    engine per role. No forecast: these tests are about the wiring, the forecast has its own."""
+    return demo_config(
+        profile=H200,
+        sla={"ttft_ms": TTFT_MS, "itl_ms": 50},
+        scaling={"algorithm": "sla", "interval_s": TICK_S, "trend": False},
+        sources={
+            "frontend_url": frontend_url,
+            "fpm_endpoints": {"prefill": [prefill_endpoint], "decode": [decode_endpoint]},
+        },
+    )
+
+
 def serve(counters: FrontendCounters, frontend: StandInServer, n: int) -> None:
     """`n` requests of ISL/OSL tokens completed, and `/metrics` now says so."""
     for _ in range(n):
@@ -55,21 +69,7 @@ async def test_sla_scaling_decides_alone_from_traffic_and_engines(make_api, spaw
     counters = FrontendCounters(model="llama")
     with StandInServer() as frontend:
         frontend.answer = Canned(body=counters.render_prometheus().encode())
-        api = await make_api(
-            demo_config(
-                profile=H200,
-                sla={"ttft_ms": TTFT_MS, "itl_ms": 50},
-                # No forecast: this test is about the wiring, the forecast has its own tests.
-                scaling={"algorithm": "sla", "interval_s": TICK_S, "trend": False},
-                sources={
-                    "frontend_url": frontend.url,
-                    "fpm_endpoints": {
-                        "prefill": [prefill_engine.endpoint],
-                        "decode": [decode_engine.endpoint],
-                    },
-                },
-            )
-        )
+        api = await make_api(sla_config(frontend.url, prefill_engine.endpoint, decode_engine.endpoint))
         worker = api.app.state.workers["demo"]
         assert worker.interval_s == TICK_S
         # The real scrape source, measuring its intervals on the test's clock (as `planner serve`
@@ -192,20 +192,7 @@ async def test_the_computed_share_comes_from_every_prefill_pass_over_zmq(make_ap
     try:
         with StandInServer() as frontend:
             frontend.answer = Canned(body=counters.render_prometheus().encode())
-            api = await make_api(
-                demo_config(
-                    profile=H200,
-                    sla={"ttft_ms": TTFT_MS, "itl_ms": 50},
-                    scaling={"algorithm": "sla", "interval_s": TICK_S, "trend": False},
-                    sources={
-                        "frontend_url": frontend.url,
-                        "fpm_endpoints": {
-                            "prefill": [publisher.endpoint],
-                            "decode": [decode_engine.endpoint],
-                        },
-                    },
-                )
-            )
+            api = await make_api(sla_config(frontend.url, publisher.endpoint, decode_engine.endpoint))
             worker = api.app.state.workers["demo"]
             worker.source = FrontendScrapeSource(frontend.url, monotonic=lambda: api.clock.now().timestamp())
             for subscriber in worker.fpm.values():
