@@ -348,6 +348,28 @@ def test_one_prompt_per_iteration_with_one_waiting_is_no_evidence(h200: PerfMode
     assert (cost.packed_evidence, cost.unpacked_evidence, cost.packs) == (0.0, 0.0, False)
 
 
+def test_a_busy_tick_read_in_full_for_packing_though_the_fit_reads_a_sample(h200: PerfModel) -> None:
+    """Why: a tick of a busy fleet brings more passes than the fit reads. Whether an engine packs
+    compares each pass with the one it ran just before; in the thinned list the pass before is an
+    older one, and an engine that packed every time two prompts waited read as one that does not
+    (its capacity halved, its count doubled)."""
+    run = Run(h200, settings_for(h200, ("prefill",)), expected={"prefill": 1})
+    # 900 passes of one engine: one prompt while nothing else waits, then the two that arrived
+    # meanwhile packed into one chunk, and so on.
+    passes = [
+        prefill_record(world_prefill_ms(1000), 1000, queued_prompts=2)
+        if i % 2 == 0
+        else prefill_record(world_prefill_ms(2000, 0, 2), 2000, prompts=2, queued_prompts=0)
+        for i in range(900)
+    ]
+    result = run.tick(100.0, isl=1000.0, fpm_new={"prefill": passes})
+    cost = run.state.latency.prefill  # type: ignore[union-attr]
+    # Every two-prompt pass is evidence; no single-prompt pass ran with two waiting.
+    assert (cost.packed_evidence, cost.unpacked_evidence) == (450.0, 0.0)
+    assert cost.packs is True
+    assert result.diagnostics["latency"]["prefill"]["learned_now"] == 400
+
+
 def test_an_engine_that_packs_prompts_into_its_chunks_is_sized_so(h200: PerfModel) -> None:
     settings = settings_for(h200, ("prefill",))
     unpacked = prior_of(h200, settings).observed(

@@ -25,7 +25,7 @@ so a tick can work on the committed state without changing it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -254,16 +254,42 @@ class LatencyModels:
     prefill: PrefillCost
     decode: DecodeCost
 
-    def observed(self, role: str, records: Iterable[ForwardPassMetrics], now_s: float) -> LatencyModels:
+    def observed(
+        self, role: str, records: Sequence[ForwardPassMetrics], now_s: float, fit_limit: int | None = None
+    ) -> LatencyModels:
+        """Fold `records` (in the order each engine ran them) into the role's model; the fit
+        reads at most `fit_limit` of them, evenly spread."""
+        fitted = _spread(records, fit_limit)
         if role == "prefill":
-            return replace(self, prefill=_learn_prefill(self.prefill, records, now_s))
+            return replace(self, prefill=_learn_prefill(self.prefill, records, fitted, now_s))
         if role == "decode":
-            return replace(self, decode=_learn_decode(self.decode, records, now_s))
+            return replace(self, decode=_learn_decode(self.decode, fitted, now_s))
         return self
 
 
-def _learn_prefill(cost: PrefillCost, records: Iterable[ForwardPassMetrics], now_s: float) -> PrefillCost:
+def _spread(records: Sequence[ForwardPassMetrics], limit: int | None) -> Sequence[ForwardPassMetrics]:
+    if limit is None or len(records) <= limit:
+        return records
+    step = len(records) / limit
+    return [records[int(i * step)] for i in range(limit)]
+
+
+def _learn_prefill(
+    cost: PrefillCost,
+    records: Sequence[ForwardPassMetrics],
+    fitted: Sequence[ForwardPassMetrics],
+    now_s: float,
+) -> PrefillCost:
+    """The fit over `fitted`; the packing evidence over every record of `records`, since it
+    compares each pass with the same engine's pass just before it (in a thinned list the pass
+    before is an older one, and its queue says nothing of what this pass could schedule)."""
     rows, times = [], []
+    for r in fitted:
+        s = r.scheduled
+        if r.wall_time_s <= 0 or s.sum_prefill_tokens <= 0:
+            continue
+        rows.append(prefill_features(s.sum_prefill_tokens, s.sum_prefill_kv_tokens, s.num_prefill_requests))
+        times.append(r.wall_time_s * 1000.0)
     packed = unpacked = 0
     before: dict[tuple[str, int], ForwardPassMetrics] = {}  # each engine's previous record
     for r in records:
@@ -272,8 +298,6 @@ def _learn_prefill(cost: PrefillCost, records: Iterable[ForwardPassMetrics], now
         before[(r.worker_id, r.dp_rank)] = r
         if r.wall_time_s <= 0 or s.sum_prefill_tokens <= 0:
             continue
-        rows.append(prefill_features(s.sum_prefill_tokens, s.sum_prefill_kv_tokens, s.num_prefill_requests))
-        times.append(r.wall_time_s * 1000.0)
         if s.num_prefill_requests >= 2:
             packed += 1
         elif (

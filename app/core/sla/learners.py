@@ -134,11 +134,8 @@ def learn_latency(state: SlaState, inp: SlaInput) -> dict[Role, int]:
         if not records:
             latest = inp.fpm.get(role, {})
             records = [r for key, r in latest.items() if state.seen.get((role, key)) is not r]
-        if len(records) > _LEARN_LIMIT:
-            step = len(records) / _LEARN_LIMIT
-            records = [records[int(i * step)] for i in range(_LEARN_LIMIT)]
-        state.latency = state.latency.observed(role, records, inp.now_s)
-        used[role] = len(records)
+        state.latency = state.latency.observed(role, records, inp.now_s, fit_limit=_LEARN_LIMIT)
+        used[role] = min(len(records), _LEARN_LIMIT)
     return used
 
 
