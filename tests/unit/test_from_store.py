@@ -4,7 +4,6 @@ observations, the engine-hours of a schedule, the recorded policy."""
 from __future__ import annotations
 
 import math
-from collections import Counter
 from datetime import UTC, datetime
 from typing import NamedTuple
 
@@ -172,16 +171,24 @@ def test_burst_sizes_are_the_counts_dispersion(case: BurstCase) -> None:
     assert burst_sizes(ticks) == [case.sizes] * len(ticks), case.why
 
 
-def test_a_burst_shares_its_lengths_and_arrives_together() -> None:
-    ticks = [tick(5.0 * (i + 1), n) for i, n in enumerate([100.0, 120.0] * 4 + [100.0])]
+def test_a_burst_arrives_together_as_distinct_requests() -> None:
+    # Counts 10 and 40 by turns: differences of ±30, sigma 1.4826 × 30 = 44.5, Var ÷ mean =
+    # 1978 ÷ 2 ÷ 23.3 = 42, so each tick's requests come as one burst of all of them.
+    counts = [10.0, 40.0] * 4 + [10.0]
+    ticks = [tick(5.0 * (i + 1), n) for i, n in enumerate(counts)]
+    assert burst_sizes(ticks) == [42] * len(ticks)
+    arrivals = sorted(r.arrival_s for r in requests_from_ticks(ticks, seed=0))
+    # Arrivals more than a burst's width apart belong to different bursts.
+    bursts: list[list[float]] = [[arrivals[0]]]
+    for a in arrivals[1:]:
+        if a - bursts[-1][0] > 2 * BURST_SPREAD_S:
+            bursts.append([])
+        bursts[-1].append(a)
+    assert [len(b) for b in bursts] == [int(n) for n in counts], "one burst per tick, each within ±0.5 s"
+    # Together in time, not copies of one request: each request draws its own lengths.
     requests = requests_from_ticks(ticks, seed=0)
-    # 100 and 120 split into bursts of exactly 4: every distinct shape comes in multiples of 4.
-    assert all(n % 4 == 0 for n in Counter((r.isl_tokens, r.osl_tokens) for r in requests).values())
-    by_shape: dict[tuple[int, int], list[float]] = {}
-    for r in requests:
-        by_shape.setdefault((r.isl_tokens, r.osl_tokens), []).append(r.arrival_s)
-    tight = [max(a) - min(a) <= 2 * BURST_SPREAD_S for a in by_shape.values() if len(a) == 4]
-    assert tight and sum(tight) / len(tight) > 0.9
+    first = [r for r in requests if r.arrival_s <= bursts[0][-1]]
+    assert len({(r.isl_tokens, r.osl_tokens) for r in first}) == len(first) == 10
 
 
 def test_the_same_seed_rebuilds_the_same_workload() -> None:

@@ -8,17 +8,22 @@ each tick the workload gets, deterministically for a given seed:
 
 - **how many**: `num_req`, carried from tick to tick so that fractional counts (a Prometheus
   rate) add up to the stored total instead of being rounded away one tick at a time;
-- **in bursts**: the tick's requests come in bursts of k identical requests (same lengths), k the
-  index of dispersion of the per-tick counts around the tick (`burst_sizes`, as SLA scaling
-  reads burstiness); k = 1 for Poisson traffic, then every request is drawn on its own;
+- **in bursts**: the tick's requests arrive in bursts of k, k the index of dispersion of the
+  per-tick counts around the tick (`burst_sizes`, as SLA scaling reads burstiness); k = 1 for
+  Poisson traffic;
 - **when**: each burst at a time drawn uniformly over the tick's interval (a Poisson process given
   its count), its requests within ±BURST_SPREAD_S of it;
-- **ISL**: per burst, a bucket of the stored histogram drawn in proportion to its count and a
+- **ISL**: per request, a bucket of the stored histogram drawn in proportion to its count and a
   length uniform inside it (from its lower to its upper bound; the open bucket up to
-  OPEN_BUCKET_SPAN times its lower bound), then the tick's lengths scaled so that their mean over
-  its requests is the stored mean ISL;
-- **OSL**: per burst, a gamma draw of shape OSL_GAMMA_SHAPE around the stored mean OSL, scaled
+  OPEN_BUCKET_SPAN times its lower bound), then the tick's lengths scaled so that their mean is
+  the stored mean ISL;
+- **OSL**: per request, a gamma draw of shape OSL_GAMMA_SHAPE around the stored mean OSL, scaled
   likewise to the stored mean; at least one token.
+
+A burst's requests are distinct requests that arrived together: the counts show that they came
+at once, not that they were the same. Read as copies of one request, a burst of k carries k times
+one prompt's length, and the index the counts give (clusters of different requests as well as
+repeats) sends prefill bursts larger than any the traffic had.
 
 A tick that observed arrivals but no lengths (none completed yet) takes the lengths of the
 nearest tick before it that has them, or else after it. Time 0 of the replay is the start of the
@@ -104,9 +109,9 @@ def _isl_draws(rng: np.random.Generator, n: int, lengths: _Lengths) -> np.ndarra
     return rng.uniform(lower[chosen], upper[chosen])
 
 
-def _scaled_to_mean(values: np.ndarray, mean: float, weights: np.ndarray) -> np.ndarray:
-    """Whole tokens, at least one, whose `weights`-weighted mean is `mean` to within the rounding."""
-    current = float(np.average(values, weights=weights))
+def _scaled_to_mean(values: np.ndarray, mean: float) -> np.ndarray:
+    """Whole tokens, at least one, whose mean is `mean` to within the rounding."""
+    current = float(np.mean(values))
     scaled = values * (mean / current) if current > 0 else np.full(values.shape, mean)
     return np.maximum(np.rint(scaled), 1.0)
 
@@ -150,17 +155,18 @@ def requests_from_ticks(ticks: Sequence[StoredTick], *, seed: int) -> list[Trace
         carried -= n
         if n == 0:
             continue
-        # ceil(n / burst) bursts of sizes as equal as possible, each one request's lengths.
+        # ceil(n / burst) bursts of sizes as equal as possible.
         bursts = math.ceil(n / burst)
         sizes = np.full(bursts, n // bursts) + (np.arange(bursts) < n % bursts)
         start_s = max(tick.end_s - obs.duration_s, 0.0)
-        centres = rng.uniform(start_s, tick.end_s, size=bursts)
-        isl = _scaled_to_mean(_isl_draws(rng, bursts, tick_lengths), tick_lengths.isl, sizes)
-        osl = _scaled_to_mean(_osl_draws(rng, bursts, tick_lengths.osl), tick_lengths.osl, sizes)
+        centres = np.repeat(rng.uniform(start_s, tick.end_s, size=bursts), sizes)
         spread_s = BURST_SPREAD_S if burst > 1 else 0.0
-        for centre, size, i, o in zip(centres, sizes, isl, osl, strict=True):
-            for offset in rng.uniform(-spread_s, spread_s, size=int(size)):
-                requests.append(TraceRequest(max(float(centre + offset), 0.0), int(i), int(o)))
+        arrivals = np.maximum(centres + rng.uniform(-spread_s, spread_s, size=n), 0.0)
+        isl = _scaled_to_mean(_isl_draws(rng, n, tick_lengths), tick_lengths.isl)
+        osl = _scaled_to_mean(_osl_draws(rng, n, tick_lengths.osl), tick_lengths.osl)
+        requests.extend(
+            TraceRequest(float(a), int(i), int(o)) for a, i, o in zip(arrivals, isl, osl, strict=True)
+        )
     requests.sort(key=lambda r: r.arrival_s)
     return requests
 
