@@ -125,7 +125,7 @@ def burst_sizes(ticks: Sequence[StoredTick]) -> list[int]:
     """Per tick, the size of the bursts its requests arrive in: the index of dispersion of the
     per-tick request counts (Var ÷ mean, read as SLA scaling reads it: `dispersion_index`) over
     the DISPERSION_WINDOW_TICKS around it, rounded; 1 for Poisson arrivals. Arrivals in bursts
-    of k identical requests have exactly that index, k, at any tick length above the burst's."""
+    of k requests have exactly that index, k, at any tick length above the burst's."""
     samples = [
         TrafficSample(t.end_s, t.observation.duration_s, t.observation.num_req, None, None)
         if t.observation is not None and t.observation.num_req is not None
