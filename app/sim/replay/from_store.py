@@ -23,7 +23,7 @@ each tick the workload gets, deterministically for a given seed:
 A burst's requests are distinct requests that arrived together: the counts show that they came
 at once, not that they were the same. Read as copies of one request, a burst of k carries k times
 one prompt's length, and the index the counts give (clusters of different requests as well as
-repeats) sends prefill bursts larger than any the traffic had.
+repeats) makes such bursts larger than the traffic's own repeats.
 
 A tick that observed arrivals but no lengths (none completed yet) takes the lengths of the
 nearest tick before it that has them, or else after it. Time 0 of the replay is the start of the
