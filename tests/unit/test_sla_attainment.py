@@ -446,6 +446,22 @@ def test_a_higher_attainment_target_never_buys_fewer_engines(h200: PerfModel) ->
     assert finals == sorted(finals)
 
 
+def test_decode_counts_the_bursts_once_prefill_reads_them_as_batches(h200: PerfModel) -> None:
+    # 80 req/s swinging lognormally tick to tick: the counts' dispersion reads about 96. The forecast's
+    # scenarios are levels the traffic reached at its busiest bursts, so the requests in decode at
+    # one vary around it as Poisson's count: decode's count is the same whether the dispersion is
+    # read or shrunk to 1 (a prior of ever so many ticks). Prefill still reads it: prompts that
+    # arrive together wait for engines together.
+    rates = list(80.0 * np.random.default_rng(0).lognormal(0.0, 0.5, 120))
+    scenario = Scenario("noisy", rates, "bursts are in the scenarios", osl=200.0)
+    read = run(h200, scenario)
+    poisson = run(h200, scenario, dispersion_prior_s=1e12)
+    assert read[-1][1].diagnostics["demand"]["dispersion"] > 50
+    assert poisson[-1][1].diagnostics["demand"]["dispersion"] == pytest.approx(1.0)
+    assert [c["decode"] for _, _, c in read] == [c["decode"] for _, _, c in poisson]
+    assert read[-1][2]["prefill"] > poisson[-1][2]["prefill"]
+
+
 def test_a_prompt_no_count_serves_does_not_drive_the_count_to_the_maximum(h200: PerfModel) -> None:
     # 0.2 requests/s of 100k-token prompts (exponential lengths about that mean): 20k prompt tokens/s,
     # 2.6 engines' compute at these lengths, three quarters of them too long for the TTFT target

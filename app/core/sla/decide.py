@@ -81,6 +81,11 @@ def observe(
     )
 
 
+# The requests in decode of a forecast scenario vary around its level as Poisson's count does: the
+# level is the busiest burst the traffic reached, so its bursts are already in it (`_at`).
+SCENARIO_FLIGHT_DISPERSION = 1.0
+
+
 @dataclass(frozen=True)
 class Horizons:
     up: Forecast
@@ -119,14 +124,18 @@ def forecasts(
 
 
 def _at(seen: Demand, f: Forecast, share: float, settings: SlaSettings) -> Demand:
-    """The demand of the scenarios' request-weighted `share` quantile (each level on its own)."""
+    """The demand of the scenarios' request-weighted `share` quantile (each level on its own). Each
+    scenario's requests in decode are a level the traffic reached at its busiest burst, so its
+    bursts are in the scenarios: the count varies around one as Poisson's does
+    (`SCENARIO_FLIGHT_DISPERSION`), not by the dispersion again."""
     tokens_s, flight = request_quantile(f.tokens_s, share), request_quantile(f.flight, share)
     return dataclasses.replace(
         seen,
+        flight_dispersion=SCENARIO_FLIGHT_DISPERSION,
         token_rate_s=tokens_s,
         in_flight_mean=flight,
         in_flight=peak_concurrency(
-            flight, dispersion=seen.dispersion, quantile=settings.decode_peak_quantile
+            flight, dispersion=SCENARIO_FLIGHT_DISPERSION, quantile=settings.decode_peak_quantile
         ),
     )
 
@@ -143,7 +152,8 @@ def _expected(
     if role == "decode":
         pace = float(role_diag.get("pace") or 1.0)
         load = f.flight * pace + float(role_diag.get("backlog_in_flight") or 0.0)
-        return expected(decode_met(engines, int(role_diag["batch_limit"]), load, seen.dispersion), load)
+        batch = int(role_diag["batch_limit"])
+        return expected(decode_met(engines, batch, load, SCENARIO_FLIGHT_DISPERSION), load)
     return None
 
 

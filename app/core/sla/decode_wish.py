@@ -47,7 +47,7 @@ def decode_wish(demand: Demand, settings: SlaSettings, terms: DecodeTerms) -> tu
     decode's `terms` (`decode_terms`)."""
     arrivals = peak_concurrency(
         demand.in_flight_mean * terms.pace,
-        dispersion=demand.dispersion,
+        dispersion=demand.dispersion if demand.flight_dispersion is None else demand.flight_dispersion,
         quantile=settings.decode_peak_quantile,
     )
     in_flight = arrivals + terms.drained * terms.pace
