@@ -99,7 +99,7 @@ def forecasts(
     point = LevelPoint(now, seen.token_rate_s, seen.in_flight_mean)
     history = list(state.levels)
     common = dict(
-        neighbour_share=settings.growth_neighbour_share,
+        neighbour_share=settings.forecast_neighbour_share,
         min_pairs=settings.growth_min_points,
         prior_growth=settings.cold_start_growth,
         cap=settings.forecast_cap,

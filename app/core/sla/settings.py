@@ -128,6 +128,13 @@ class SlaModel(BaseModel):
         le=1,
         description="the headroom learns from this share of the history's pairs, those nearest the level now",
     )
+    forecast_neighbour_share: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        description="attainment sizing: the scenarios are what followed this share of the history's pairs, "
+        "those nearest the level now (at least growth_min_points)",
+    )
     growth_regression: bool = Field(
         default=True,
         description="also estimate the headroom by quantile regression on the level (the larger counts)",
