@@ -97,6 +97,4 @@ class Demand:
     ramp_growth: tuple[float, float] | None  # their growth rates per second, if rising steadily
     level_in_flight: float  # requests in decode at the level alone (no forecast)
     surge: tuple[float, float] | None = None  # a rise under way: (lasted s, request rate carried to)
-    # The dispersion of the requests in decode when not `dispersion`: a forecast scenario's level is
-    # itself one of the traffic's bursts, so its count varies around it as Poisson's does (1).
-    flight_dispersion: float | None = None
+    flight_dispersion: float | None = None  # decode's if not `dispersion`: decide.SCENARIO_FLIGHT_DISPERSION
