@@ -101,11 +101,6 @@ ABLATIONS: dict[str, tuple[str, Any, Any]] = {
         "prefill_max_utilisation",
         1.0,
     ),
-    "caution beyond the data": (
-        "latencies beyond the passes seen are the fit's mean (latency_caution_z 0)",
-        "latency_caution_z",
-        0.0,
-    ),
     "history-peak bound": ("no bound on the scenarios (forecast_cap)", "forecast_cap", 1e9),
     "cold-start growth": (
         "the prior is the level now, no growth (cold_start_growth)",

@@ -66,12 +66,13 @@ from app.core.victims import choose_removals
 
 NO_POLICY_REASON = "no automatic scaling enabled; targets come only from operator pins"
 # Bumped whenever PlannerState changes shape: an export from another version is refused.
-STATE_VERSION = 10  # 2: SLA scaling learns iteration costs and quiet periods; 3: scale to zero;
+STATE_VERSION = 11  # 2: SLA scaling learns iteration costs and quiet periods; 3: scale to zero;
 # 4: decode's floor scale (SlaState.decode_floor_sums); 5: the history keeps each tick's forecast;
 # 6: the decode context held over the trend window (SlaState.held); 7: the prefill engines' latest
 # passes at the last tick (SlaState.prefill_passes); 8: the levels attainment sizing learns from
 # (SlaState.levels); 9: SlaState's records are named tuples (state.py); 10: each level point keeps
-# its keep forecast's quote, which calibration scores (forecast.py)
+# its keep forecast's quote, which calibration scores (forecast.py); 11: the learned iteration
+# costs keep no residuals (latency.py: a prediction is the fit's mean)
 
 FpmByEngine = Mapping[EngineKey, ForwardPassMetrics]
 

@@ -126,7 +126,6 @@ async def test_sla_scaling_decides_alone_from_traffic_and_engines(make_api, spaw
         worker.planner.model,
         chunk_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS,
         prior_records=settings.latency_prior_records,
-        caution_z=settings.latency_caution_z,
         half_life_s=settings.latency_half_life_s,
     )
     expected = prefill_engines(

@@ -136,7 +136,6 @@ def prior_of(model: PerfModel, settings: SlaSettings) -> LatencyModels:
         model,
         chunk_tokens=settings.chunk_tokens,
         prior_records=settings.latency_prior_records,
-        caution_z=settings.latency_caution_z,
         half_life_s=settings.latency_half_life_s,
     )
 

@@ -4,11 +4,11 @@ Two kinds of iteration cost feed them:
 
 - a **known world**: a cost learned from records that lie exactly on a chosen line
   (`a + b·T + c·T·(P + T/2)/n` for prefill, `a + b·n + c·K` for decode) and that cover every
-  iteration a test asks about, so the learned cost is that line and no caution applies; every
-  expected value is then written out from the line's coefficients;
+  iteration a test asks about, so the learned cost is that line; every expected value is then
+  written out from the line's coefficients;
 - the **cold start** on the bundled H200 profile: `prior_models` reads the profile's measured
-  points as straight lines (checked here against an ordinary least-squares fit by numpy) and,
-  with no forward pass seen yet, every prediction is the upper `caution_z` bound of that line.
+  points as straight lines (checked here against an ordinary least-squares fit by numpy), and
+  with no forward pass seen yet a prefill prediction is that line.
   Queueing values on it are recomputed from the formulas with `alone_s`/`busy_s` as inputs.
 """
 
@@ -48,7 +48,7 @@ H200 = Path(__file__).resolve().parents[2] / "data" / "profiles" / "h200-llama3.
 CHUNK = 8192  # the default prefill max_num_batched_tokens (app/workers/resources.py)
 # SlaTuning's defaults: the profile is worth 10 forward passes, read 2 standard errors high
 # beyond the data, fading with a 900 s half-life.
-PRIOR = {"prior_records": 10.0, "caution_z": 2.0, "half_life_s": 900.0}
+PRIOR = {"prior_records": 10.0, "half_life_s": 900.0}
 
 # The known prefill world: 15 ms per iteration, 0.015 ms per token, 1e-6 ms per token pair.
 PA, PB, PC = 15.0, 0.015, 1e-6
@@ -154,7 +154,7 @@ def _hand_sizing(
 # --- iteration costs: a prompt alone, on a busy engine, the longest within a budget ---------------
 
 
-def test_known_world_costs_are_the_line_with_no_caution() -> None:
+def test_known_world_costs_are_the_line() -> None:
     cost = known_prefill()
     for t, p, n in ((1000, 0, 1), (CHUNK, 2 * CHUNK, 1), (3000, CHUNK, 2)):
         assert cost.iteration_ms(t, p, n) == pytest.approx(prefill_ms(t, p, n), rel=1e-6)
@@ -234,22 +234,23 @@ def test_the_prior_is_a_straight_line_through_the_profiles_points(
     for requests, context in ((1, 350), (100, 2075), (300, 5000)):
         got = prior.decode.model.mean_ms(decode_features(requests, requests * context))
         assert got == pytest.approx(line @ [1.0, requests, requests * context], rel=1e-6)
-    # No forward pass seen: everything is beyond the data, read at the upper bound.
-    assert prior.prefill.iteration_ms(2000) > prior.prefill.model.mean_ms(prefill_features(2000, 0))
-    assert prior.decode.iteration_ms(100, 207500) > prior.decode.model.mean_ms(decode_features(100, 207500))
+    # No forward pass seen: prefill reads the line; decode never less (beyond the passes seen,
+    # the profile's own ITL up to that batch is its floor).
+    line_ms = prior.prefill.model.mean_ms(prefill_features(2000, 0))
+    assert prior.prefill.iteration_ms(2000) == pytest.approx(line_ms, rel=1e-12)
+    assert prior.decode.iteration_ms(100, 207500) >= prior.decode.model.mean_ms(decode_features(100, 207500))
     assert prior.prefill.packs is False  # not seen packing: the cautious reading
 
 
 def test_prefill_capacity_of_the_default_chunk(prior: LatencyModels) -> None:
-    # Pinned so that a change of the profile, its prior or the caution shows up here. The old
-    # profile × scale formula read 8192 tokens in the profile's 169.99 ms (48,191 tokens/s); the
-    # prior's line is 169.14 ms there, read 2σ high with no data: 174.94 ms, 46,827.8 tokens/s.
+    # Pinned so that a change of the profile or its prior shows up here: the profile reads 8192
+    # tokens in 169.99 ms, the prior's line through its points 169.14 ms, 48,434.1 tokens/s.
     sizing = prefill_engines(
         prior.prefill, token_rate_s=1000.0, mix=LengthMix.uniform(CHUNK), ttft_target_ms=1000.0
     )
-    assert prior.prefill.alone_s(CHUNK) == pytest.approx(0.174939, rel=1e-5)
+    assert prior.prefill.alone_s(CHUNK) == pytest.approx(0.169137, rel=1e-5)
     assert sizing.capacity_tokens_s == pytest.approx(CHUNK / prior.prefill.alone_s(CHUNK), rel=1e-12)
-    assert sizing.capacity_tokens_s == pytest.approx(46827.76, rel=1e-6)
+    assert sizing.capacity_tokens_s == pytest.approx(48434.14, rel=1e-6)
 
 
 def flat(points: object) -> list[float]:
@@ -348,16 +349,14 @@ def test_an_empty_histogram_knows_the_mean_only_and_spreads_it_exponentially() -
 
 
 def test_prefill_engines_is_the_smallest_count_meeting_the_target(prior: LatencyModels) -> None:
-    # 60,000 prompt tokens/s of 2000-token prompts, TTFT 300 ms, on the cold-start prior: the
-    # utilisation cap alone would allow 2 engines (60000 / (36,231 × 0.9) = 1.84), the waits
-    # need more. (The old test's 80,000 tokens/s: the old formula read a 2000-token prompt at the
-    # profile's 48.6 ms, 48,191 tokens/s per engine; the prior reads its line's 48.6 ms 2σ high,
-    # 55.2 ms, 36,231 tokens/s, and 80,000 tokens/s then need the cap's 3 already.)
-    cost, mix, rate, target = prior.prefill, LengthMix.uniform(2000.0), 60_000.0, 300.0
-    assert cost.alone_s(2000.0) == pytest.approx(0.0552015, rel=1e-5)
+    # 70,000 prompt tokens/s of 2000-token prompts, TTFT 300 ms, on the cold-start prior (a
+    # 2000-token prompt in 48.6 ms, 41,193 tokens/s per engine): the utilisation cap alone would
+    # allow 2 engines (70000 / (41,193 × 0.9) = 1.89), the waits need more.
+    cost, mix, rate, target = prior.prefill, LengthMix.uniform(2000.0), 70_000.0, 300.0
+    assert cost.alone_s(2000.0) == pytest.approx(0.0485523, rel=1e-5)
     sizing = prefill_engines(cost, token_rate_s=rate, mix=mix, ttft_target_ms=target)
     capacity = 2000.0 / cost.busy_s(2000.0)
-    assert capacity == pytest.approx(36230.9, rel=1e-5)
+    assert capacity == pytest.approx(41192.7, rel=1e-5)
     assert sizing.capacity_tokens_s == pytest.approx(capacity, rel=1e-12)
     assert sizing.service_s == pytest.approx(cost.alone_s(2000.0), rel=1e-12)
     assert (sizing.meets_target, sizing.unservable_share) == (True, 0.0)
@@ -389,13 +388,13 @@ def test_prefill_engines_is_the_smallest_count_meeting_the_target(prior: Latency
 
 
 def test_prefill_engines_out_of_reach_is_the_fewest_near_the_best_count(prior: LatencyModels) -> None:
-    # 100,000 tokens/s of 29,000-token prompts, TTFT 1 s: one prompt alone takes 0.965 s, so a
-    # request may wait at most 35 ms: only an idle engine serves it in time, and 1% missing
-    # takes 9 engines (37% busy), more than the 6 allowed. The answer is the fewest engines whose
+    # 100,000 tokens/s of 29,000-token prompts, TTFT 1 s: one prompt alone takes 0.860 s, so a
+    # request may wait at most 140 ms: mostly only an idle engine serves it in time, and 1%
+    # missing takes 7 engines (42% busy), more than the 6 allowed. The answer is the fewest engines whose
     # miss share is within one allowance (1 − quantile) of the best any allowed count gives (6),
     # flagged.
     cost, mix, rate = prior.prefill, LengthMix.uniform(29_000.0), 100_000.0
-    assert cost.alone_s(29_000.0) == pytest.approx(0.96489, rel=1e-4)
+    assert cost.alone_s(29_000.0) == pytest.approx(0.86039, rel=1e-4)
     sizing = prefill_engines(cost, token_rate_s=rate, mix=mix, ttft_target_ms=1000.0, max_engines=6)
     misses = {
         c: _hand_sizing(cost, token_rate_s=rate, mix=mix, engines=c, target_ms=1000.0)[1] for c in range(4, 7)
@@ -404,10 +403,10 @@ def test_prefill_engines_out_of_reach_is_the_fewest_near_the_best_count(prior: L
     assert (sizing.engines, sizing.meets_target) == (expected, False)
     assert sizing.unservable_share == 0.0
     enough = prefill_engines(cost, token_rate_s=rate, mix=mix, ttft_target_ms=1000.0)
-    assert (enough.engines, enough.meets_target) == (9, True)
-    _, miss, _ = _hand_sizing(cost, token_rate_s=rate, mix=mix, engines=9, target_ms=1000.0)
+    assert (enough.engines, enough.meets_target) == (7, True)
+    _, miss, _ = _hand_sizing(cost, token_rate_s=rate, mix=mix, engines=7, target_ms=1000.0)
     assert enough.miss_share == pytest.approx(miss, rel=1e-9) and miss <= 0.01
-    _, miss_less, _ = _hand_sizing(cost, token_rate_s=rate, mix=mix, engines=8, target_ms=1000.0)
+    _, miss_less, _ = _hand_sizing(cost, token_rate_s=rate, mix=mix, engines=6, target_ms=1000.0)
     assert miss_less > 0.01
 
 
@@ -425,16 +424,16 @@ def test_erlang_c_is_the_textbook_sum_and_holds_between_whole_counts() -> None:
 def test_a_prompt_that_can_barely_wait_takes_an_idle_engine_unless_arrivals_burst(
     prior: LatencyModels,
 ) -> None:
-    # 29,000-token prompts may wait 35 ms. With Poisson arrivals least-loaded routing finds an
-    # idle engine for all but those arriving while every engine is busy: 9 engines (37% busy)
-    # leave 0.5% late. Arriving in bursts of D, the engines wait like c ÷ D servers: 14 engines
-    # at D = 3, 54 at D = 30 (down to one server, where every arrival finding work waits: ρ).
+    # 29,000-token prompts may wait 140 ms. With Poisson arrivals least-loaded routing finds an
+    # idle engine for nearly all but those arriving while every engine is busy: 7 engines (42%
+    # busy) leave 0.96% late. Arriving in bursts of D, the engines wait like c ÷ D servers: 12
+    # engines at D = 3, 49 at D = 30 (down to one server, where every arrival finding work waits).
     cost, mix = prior.prefill, LengthMix.uniform(29_000.0)
     counts = {
         d: prefill_engines(cost, token_rate_s=100_000.0, mix=mix, ttft_target_ms=1000.0, dispersion=d)
         for d in (1.0, 3.0, 30.0)
     }
-    assert {d: s.engines for d, s in counts.items()} == {1.0: 9, 3.0: 14, 30.0: 54}
+    assert {d: s.engines for d, s in counts.items()} == {1.0: 7, 3.0: 12, 30.0: 49}
     for d, sizing in counts.items():
         _, miss, _ = _hand_sizing(
             cost, token_rate_s=100_000.0, mix=mix, engines=sizing.engines, target_ms=1000.0, dispersion=d
@@ -451,13 +450,13 @@ def test_out_of_reach_reports_the_miss_share_of_the_count_it_returns(prior: Late
     sizing = prefill_engines(cost, token_rate_s=rate, mix=mix, ttft_target_ms=1000.0, max_engines=6)
     _, miss, _ = _hand_sizing(cost, token_rate_s=rate, mix=mix, engines=sizing.engines, target_ms=1000.0)
     # The share reported is the returned count's; 4 engines (the utilisation bound) would leave
-    # 62% missing, 6 leave 12%.
+    # 35% missing, 6 leave 3.5%.
     assert sizing.miss_share == pytest.approx(miss, rel=1e-9)
     _, miss_at_four, _ = _hand_sizing(cost, token_rate_s=rate, mix=mix, engines=4, target_ms=1000.0)
-    assert miss_at_four == pytest.approx(0.6236, rel=1e-3)
+    assert miss_at_four == pytest.approx(0.3544, rel=1e-3)
     _, miss_at_max, _ = _hand_sizing(cost, token_rate_s=rate, mix=mix, engines=6, target_ms=1000.0)
-    assert miss_at_max == pytest.approx(0.1212, rel=1e-2)
-    # 5 engines leave 29%, more than one allowance above the best: the answer is 6 itself.
+    assert miss_at_max == pytest.approx(0.0355, rel=1e-2)
+    # 5 engines leave 12%, more than one allowance above the best: the answer is 6 itself.
     assert sizing.engines == 6
     assert sizing.miss_share == pytest.approx(miss_at_max, rel=1e-9)
 
@@ -469,16 +468,16 @@ def test_prefill_engines_never_plans_past_the_utilisation_cap(prior: LatencyMode
         prior.prefill, token_rate_s=rate, mix=mix, ttft_target_ms=10_000.0, max_utilisation=0.9
     )
     capacity = 2000.0 / prior.prefill.busy_s(2000.0)
-    # 200,000 / (36,231 × 0.9) = 6.13: 7 (the old formula's 48,191 tokens/s gave 5).
-    assert sizing.engines == math.ceil(rate / (capacity * 0.9)) == 7
-    assert sizing.utilisation == pytest.approx(rate / (7 * capacity), rel=1e-12)
+    # 200,000 / (41,193 × 0.9) = 5.39: 6.
+    assert sizing.engines == math.ceil(rate / (capacity * 0.9)) == 6
+    assert sizing.utilisation == pytest.approx(rate / (6 * capacity), rel=1e-12)
     assert sizing.utilisation <= 0.9
-    assert rate / (6 * capacity) > 0.9  # one fewer would run above the cap
-    # A lower cap asks for more engines for the same traffic: 200,000 / (36,231 × 0.5) = 11.04.
+    assert rate / (5 * capacity) > 0.9  # one fewer would run above the cap
+    # A lower cap asks for more engines for the same traffic: 200,000 / (41,193 × 0.5) = 9.71.
     lower = prefill_engines(
         prior.prefill, token_rate_s=rate, mix=mix, ttft_target_ms=10_000.0, max_utilisation=0.5
     )
-    assert lower.engines == math.ceil(rate / (capacity * 0.5)) == 12
+    assert lower.engines == math.ceil(rate / (capacity * 0.5)) == 10
 
 
 def test_prefill_engines_for_a_slower_world_are_more(prior: LatencyModels) -> None:
@@ -498,7 +497,7 @@ def test_prefill_engines_for_a_slower_world_are_more(prior: LatencyModels) -> No
     )
     assert slow.utilisation == pytest.approx(rho, rel=1e-12)
     assert miss <= 0.01
-    assert (base.engines, slow.engines) == (3, 4)
+    assert (base.engines, slow.engines) == (2, 3)
 
 
 def test_prefill_engines_for_zero_traffic_is_zero(prior: LatencyModels) -> None:
@@ -522,18 +521,18 @@ def test_prefill_engines_for_bursty_arrivals(prior: LatencyModels) -> None:
         )
 
     calm, bursty = sizing(1.0), sizing(6.0)
-    assert (calm.engines, bursty.engines) == (3, 5)
+    assert (calm.engines, bursty.engines) == (2, 4)
     _, miss, wait = _hand_sizing(
-        cost, token_rate_s=rate, mix=mix, engines=5, target_ms=target, dispersion=6.0
+        cost, token_rate_s=rate, mix=mix, engines=4, target_ms=target, dispersion=6.0
     )
     assert bursty.wait_s == pytest.approx(wait, rel=1e-12)
     assert bursty.miss_share == pytest.approx(miss, rel=1e-9)
     assert miss <= 0.01
     _, miss_less, _ = _hand_sizing(
-        cost, token_rate_s=rate, mix=mix, engines=4, target_ms=target, dispersion=6.0
+        cost, token_rate_s=rate, mix=mix, engines=3, target_ms=target, dispersion=6.0
     )
     assert miss_less > 0.01
-    assert sizing(6.0, max_engines=4).meets_target is False
+    assert sizing(6.0, max_engines=3).meets_target is False
     # Below 1 (smoother than Poisson) is taken as Poisson.
     assert sizing(0.5) == calm
 
@@ -589,12 +588,10 @@ def test_decode_batch_limit_values_on_the_prior_and_a_slower_world(
             cost, isl_tokens=2000.0, osl_tokens=150.0, itl_target_ms=target_ms, max_kv_tokens=kv
         )
 
-    # Pinned on the cold-start prior at context 2075 for a 19 ms target (20 ms × a 0.95 margin).
-    # The old formula read the profile's interpolated surface (108 requests); the prior's line,
-    # 6.09 + 0.0203·n + 2.93e-5·K ms, is 19 ms at n = 158; with no forward pass seen it is read
-    # 2σ high (3.2 ms more there): 119.
+    # Pinned on the cold-start prior at context 2075 for a 19 ms target (20 ms × a 0.95 margin):
+    # the prior's line, 6.09 + 0.0203·n + 2.93e-5·K ms, is 19 ms at n = 158.
     got = limit(prior.decode)
-    assert got == 119
+    assert got == 158
     assert (
         prior.decode.iteration_ms(got, got * 2075.0)
         <= 19.0
@@ -625,9 +622,9 @@ def test_decode_batch_limit_is_one_when_even_one_request_misses(prior: LatencyMo
     assert known_decode().iteration_ms(1, 2075.0) > 5.0
     kwargs = {"isl_tokens": 2000.0, "osl_tokens": 150.0}
     assert decode_batch_limit(known_decode(), itl_target_ms=5.0, max_kv_tokens=10_000_000, **kwargs) == 1  # type: ignore[arg-type]
-    # The prior's single request is read at 11.2 ms (its line's 6.2 ms, 2σ high): 10 ms misses.
-    assert prior.decode.iteration_ms(1, 2075.0) > 10.0
-    assert decode_batch_limit(prior.decode, itl_target_ms=10.0, max_kv_tokens=10_000_000, **kwargs) == 1  # type: ignore[arg-type]
+    # The prior's single request is read on its line, 6.2 ms: a 6 ms target misses.
+    assert prior.decode.iteration_ms(1, 2075.0) == pytest.approx(6.1716, rel=1e-4)
+    assert decode_batch_limit(prior.decode, itl_target_ms=6.0, max_kv_tokens=10_000_000, **kwargs) == 1  # type: ignore[arg-type]
     # Also when not even one request's KV fits.
     assert decode_batch_limit(known_decode(), itl_target_ms=50.0, max_kv_tokens=1000, **kwargs) == 1  # type: ignore[arg-type]
 

@@ -194,7 +194,6 @@ def _cost(m, chunk=8192):
         m,
         chunk_tokens=chunk,
         prior_records=t.latency_prior_records,
-        caution_z=t.latency_caution_z,
         half_life_s=t.latency_half_life_s,
     )
 

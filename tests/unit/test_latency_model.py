@@ -148,10 +148,10 @@ def test_decode_limit_is_the_worlds_not_the_profiles_plateau(h200: PerfModel) ->
             max_kv_tokens=settings.max_kv_tokens,
         )
 
-    # Cold, the profile's straight line (read 2σ high) allows 415 at 30 ms: far more than the
-    # world's (30 - 5) / 0.1 = 250. (The profile's surface itself allows 233 at 30 ms: below
+    # Cold, the profile's straight line allows 481 at 30 ms: far more than the world's
+    # (30 - 5) / 0.1 = 250. (The profile's surface itself allows 233 at 30 ms: below
     # its plateau it is close to this world; the plateau shows at 40 ms, below.)
-    assert limit(prior.decode) == 415
+    assert limit(prior.decode) == 481
     assert largest_meeting(lambda n: h200.decode_itl_ms(n, CONTEXT) <= 30.0, 945) == 233
     run = Run(h200, settings, expected={"decode": 1})
     records = [decode_record(f"d{n % 4}", n, CONTEXT, world_itl_ms(n)) for n in range(1, 301)]
@@ -167,12 +167,12 @@ def test_decode_limit_is_the_worlds_not_the_profiles_plateau(h200: PerfModel) ->
     assert result.diagnostics["latency"]["decode"]["range"] == [3.0, 3.0]  # n / 100, K / 1e5
 
     # Beyond the data (300 requests), the cost keeps rising: no plateau, and the prediction is
-    # above the fitted line (the caution bound), within 2% of the world's straight line, and far
-    # above the profile's surface.
+    # at least the fitted line, within 3% of the world's straight line, and far above the
+    # profile's surface.
     for n in (400, 600, 900):
         x = decode_features(n, n * CONTEXT)
-        assert learned.iteration_ms(n, n * CONTEXT) > learned.model.mean_ms(x)
-        assert learned.iteration_ms(n, n * CONTEXT) >= 0.98 * world_itl_ms(n)
+        assert learned.iteration_ms(n, n * CONTEXT) >= learned.model.mean_ms(x)
+        assert learned.iteration_ms(n, n * CONTEXT) >= 0.97 * world_itl_ms(n)
         assert learned.iteration_ms(n, n * CONTEXT) > h200.decode_itl_ms(n, CONTEXT) + 3.0
     rise = learned.iteration_ms(900, 900 * CONTEXT) - learned.iteration_ms(600, 600 * CONTEXT)
     assert rise >= 0.95 * 0.1 * 300
@@ -269,7 +269,8 @@ def test_the_floor_takes_its_scale_from_the_large_batches_not_the_latest_median(
     assert decode["batch_limit"] > 210
     # Three ticks with only the idle engine's small batches: the tick's scale follows them up,
     # the floor's barely moves, and the limit moves only as the learned line takes the small
-    # batches in (a floor at the tick's scale, above 1.15, would put it below the profile's 210).
+    # batches in: it stays above the profile's own 210, where a floor at the tick's scale (above
+    # 1.15) would put it.
     limits = []
     for _ in range(3):
         small = decode_record("d0", 4, CONTEXT, 1.3 * p4 * (1 + 1e-9 * run.now_s))  # a fresh record
@@ -277,7 +278,7 @@ def test_the_floor_takes_its_scale_from_the_large_batches_not_the_latest_median(
         limits.append(idle.diagnostics["roles"]["decode"]["batch_limit"])
     assert idle.diagnostics["scale"]["decode"] > 1.15
     assert idle.diagnostics["roles"]["decode"]["floor_scale"] == pytest.approx(weighted, abs=0.02)
-    assert min(limits) >= 0.95 * decode["batch_limit"]
+    assert min(limits) > 210
 
 
 def test_in_the_profiles_own_world_the_floor_scale_is_one(h200: PerfModel) -> None:
@@ -444,9 +445,9 @@ def test_a_long_prompts_prefix_cost_is_learned(h200: PerfModel) -> None:
         models = models.observed("prefill", long_prompt_records() * 5, TICK_S * (k + 1))
     cost = models.prefill
     assert cost.model.records == 1500
-    # 85,000 tokens: 8.12 s in this world. The profile's line, read 2σ high, says 5.62 s.
+    # 85,000 tokens: 8.12 s in this world. The profile's line says 4.51 s.
     assert world_alone_s(85_000) == pytest.approx(8.12, rel=1e-3)
-    assert prior.prefill.alone_s(85_000) == pytest.approx(5.62, rel=1e-3)
+    assert prior.prefill.alone_s(85_000) == pytest.approx(4.514, rel=1e-3)
     assert cost.alone_s(85_000) == pytest.approx(world_alone_s(85_000), rel=0.01)
     assert cost.alone_s(85_000) > 1.4 * prior.prefill.alone_s(85_000)
     # A 1000-token prompt: 32.6 ms in this world, 32.1 ms on the profile's line. The learned
@@ -696,21 +697,21 @@ def test_an_unservable_share_is_counted_and_left_out(h200: PerfModel) -> None:
     assert [round(length) for length, _ in mix.points] == [256 + 512 * k for k in range(8)] + [
         9984 + 11776 * k for k in range(8)
     ]
-    # A 57,088-token prompt takes more than 2 s alone; the longest that fits is 46,208 tokens:
+    # A 57,088-token prompt takes more than 2 s alone; the longest that fits is 51,200 tokens:
     # the top four points of the long bucket, 5% of the requests, are unservable.
     assert cost.alone_s(57_088) > 2.0 > cost.alone_s(45_312)
     rate = 100_000.0  # prompt tokens/s: 14.4 req/s
     sizing = prefill_engines(cost, token_rate_s=rate, mix=mix, ttft_target_ms=2000.0, max_engines=100)
-    assert sizing.longest_servable_tokens == 46208
+    assert sizing.longest_servable_tokens == 51200
     assert sizing.unservable_share == pytest.approx(0.05, rel=1e-9)
     assert sizing.meets_target is True
     # The count is what the servable 95% need: the first at which at most 1% of them miss.
-    assert sizing.engines == 8
+    assert sizing.engines == 7
     assert (
-        sizing.miss_share == pytest.approx(hand_miss(cost, mix, rate, 8, 2.0), rel=1e-9)
+        sizing.miss_share == pytest.approx(hand_miss(cost, mix, rate, 7, 2.0), rel=1e-9)
         and sizing.miss_share <= 0.01
     )
-    assert hand_miss(cost, mix, rate, 7, 2.0) > 0.01
+    assert hand_miss(cost, mix, rate, 6, 2.0) > 0.01
     # Counted in, the 5% that can only miss would exceed the 1% allowed at any count: the
     # search would run to max_replicas.
     assert sizing.unservable_share > 1 - settings.quantile
@@ -721,16 +722,16 @@ def test_an_unservable_share_is_counted_and_left_out(h200: PerfModel) -> None:
     for _ in range(12):
         result = run.tick(per_tick, isl=UNSERVABLE_MEAN, buckets=UNSERVABLE_MIX)
     prefill = result.diagnostics["roles"]["prefill"]
-    assert result.replicas == {"prefill": 8}
+    assert result.replicas == {"prefill": 7}
     assert prefill["unservable_share"] == 0.05
     assert prefill["unservable_rate_s"] == round(0.05 * rate / UNSERVABLE_MEAN, 3)
-    assert prefill["longest_servable_tokens"] == 46208
+    assert prefill["longest_servable_tokens"] == 51200
     assert prefill["meets_target"] is True
 
 
 def test_a_mix_of_only_unservable_prompts_still_gets_the_utilisation_bound(h200: PerfModel) -> None:
     cost = prior_of(h200, settings_for(h200, ("prefill",))).prefill
-    # 16,000-token prompts against a 100 ms target: none fits alone (the longest is 4576). Every
+    # 16,000-token prompts against a 100 ms target: none fits alone (the longest is 4832). Every
     # request misses whatever the count, but the engines still have to compute them: not 0
     # engines, the utilisation bound, flagged.
     sizing = prefill_engines(
@@ -739,7 +740,7 @@ def test_a_mix_of_only_unservable_prompts_still_gets_the_utilisation_bound(h200:
     assert sizing.unservable_share == 1.0
     bound = math.ceil(500_000.0 / (16_000.0 / cost.busy_s(16_000.0)) / 0.9)
     assert (sizing.engines, sizing.meets_target, sizing.miss_share) == (bound, False, 1.0)
-    assert sizing.longest_servable_tokens == 4576
+    assert sizing.longest_servable_tokens == 4832
     assert sizing.utilisation == pytest.approx(500_000.0 / (16_000.0 / cost.busy_s(16_000.0)) / bound)
     assert sizing.utilisation <= 0.9
 

@@ -2,8 +2,8 @@
 (app/reports/shadow.py), on small hand-made scenarios.
 
 The predictions run on the bundled H200 profile's prior after 30 ticks of steady traffic
-(tests/unit/sla_scenarios.py): 150 requests of 2,000 prompt tokens per 5 s tick, 60,000 prompt
-tokens/s, which SLA scaling serves with 3 prefill engines and 1 decode engine."""
+(tests/unit/sla_scenarios.py): 175 requests of 2,000 prompt tokens per 5 s tick, 70,000 prompt
+tokens/s, which SLA scaling serves with 3 prefill engines and 2 decode engines."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from app.reports.shadow import EMPTY_NOTE, shadow_report
 from tests.unit.sla_scenarios import ISL, Run, h200_model, settings_for
 
 ROLES: tuple[Role, ...] = ("prefill", "decode")
-REQUESTS_PER_TICK = 150
+REQUESTS_PER_TICK = 175
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def test_the_scenario_is_what_the_module_says() -> None:
     s = steady()
     assert s.conditions.demand is not None
     assert s.conditions.demand.token_rate_s == pytest.approx(REQUESTS_PER_TICK / 5 * ISL)
-    assert s.wish == {"prefill": 3, "decode": 1}
+    assert s.wish == {"prefill": 3, "decode": 2}
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ COMPARE_CASES = [
         incumbent=1,
         planner=None,
         relation="lower",
-        why="one engine offered 60,000 tokens/s runs beyond its capacity: it is taken to miss",
+        why="one engine offered 70,000 tokens/s runs beyond its capacity: it is taken to miss",
     ),
     CompareCase(
         "decode_none_running",

@@ -83,14 +83,14 @@ def test_decode_scale_down_waits_for_the_window_then_takes_its_highest_wish(h200
     high, low = 500.0, 150.0  # 100 req/s for a minute, then 30 req/s
     # The records are the profile's ITL for their batch (the world is the profile): each tick's
     # are learned, so the batch limit is the state's model's, not the cold-start prior's. After
-    # the first tick's records (three of 30 requests in 9.6 ms, where the prior reads its line 2σ
-    # high), the line alone would allow 129 at 95% of the ITL target (the prior's line 119); the
-    # profile, the floor beyond the 30 requests seen, allows 107.
+    # the first tick's records (three of 30 requests in 9.6 ms), the line alone would allow 155 at
+    # 95% of the ITL target (the prior's line 158); the profile, the floor beyond the 30 requests
+    # seen, allows 107.
     prior = prior_of(h200, settings)
     first = prior.observed("decode", decode_fpm(h200, drain_batches(3))["decode"].values(), TICK_S).decode
     high_wish = decode_wish(h200, settings, high / TICK_S, 1.0, cost=first)
     lines = (batch_limit(h200, settings, floor=False), batch_limit(h200, settings, first, floor=False))
-    assert lines == (119, 129)
+    assert lines == (158, 155)
     assert batch_limit(h200, settings) == batch_limit(h200, settings, first) == 107
     # 100 req/s: 338 requests in flight at the 0.99 peak quantile, 4 engines of 107.
     assert high_wish == 4
@@ -375,8 +375,8 @@ def test_max_num_seqs_caps_the_decode_batch(h200: PerfModel) -> None:
     """An engine holds no more requests than it schedules, whatever the ITL target allows; a full
     engine that then iterates faster than the target is sized at its own pace, not the target's."""
     # The cold-start limit at 20 ms is above 64 requests; an engine that schedules at most 64
-    # holds no more. A full engine of 64 then iterates in 15.3 ms, not 20: its requests leave
-    # sooner, and 60 req/s keep 137 requests in flight at that pace (164 at the 0.99 peak
+    # holds no more. A full engine of 64 then iterates in 13.8 ms, not 20: its requests leave
+    # sooner, and 60 req/s keep 123 requests in flight at that pace (149 at the 0.99 peak
     # quantile), 3 engines, not the 4 Little's law at the target would say (210 at the peak).
     free = settings_for(h200, ("decode",))
     capped = settings_for(h200, ("decode",), max_num_seqs=64)
@@ -388,7 +388,7 @@ def test_max_num_seqs_caps_the_decode_batch(h200: PerfModel) -> None:
     assert results["capped"]["batch_limit"] == 64
     assert results["free"]["batch_limit"] == batch_limit(h200, free)
     full_ms = decode_iteration_ms(prior_of(h200, capped).decode, 64, CONTEXT, profile_decode_floor(h200))
-    assert results["capped"]["pace"] == round(full_ms / capped.itl_target_ms, 4) == 0.7632
+    assert results["capped"]["pace"] == round(full_ms / capped.itl_target_ms, 4) == 0.6899
     assert results["free"]["pace"] == 1.0  # the target bounds its batch
     assert results["capped"]["wish"] == math.ceil(results["capped"]["in_flight_at_target"] / 64)
     at_target = decode_concurrency(request_rate_s=60.0, osl_tokens=OSL, itl_target_ms=capped.itl_target_ms)
@@ -405,8 +405,8 @@ def test_kv_bound_decode_batch_is_sized_at_a_full_engines_pace_unless_engines_ru
     h200: PerfModel,
 ) -> None:
     """Long contexts fill an engine's KV cache before its iterations reach the ITL target: a full
-    engine (46 requests of 20k tokens) iterates in 40 ms of a 60 ms target, its requests leave
-    sooner, and fewer are in flight than Little's law at the target says: 4 engines, not 5.
+    engine (46 requests of 20k tokens) iterates in 36 ms of a 60 ms target, its requests leave
+    sooner, and fewer are in flight than Little's law at the target says: 3 engines, not 5.
     An engine seen beyond the target (65 ms) makes the target bound the batch again: pace 1.
     At a 120 ms target the batch stays the KV cache's, and an engine seen at 100 ms where the
     model, barely moved off its prior by one record, pictures a full engine at 55 ms sets the
@@ -420,13 +420,13 @@ def test_kv_bound_decode_batch_is_sized_at_a_full_engines_pace_unless_engines_ru
     full_ms = decode_iteration_ms(
         prior_of(h200, settings).decode, kv_bound, isl + osl / 2, profile_decode_floor(h200)
     )
-    assert decode["pace"] == round(full_ms / 60.0, 4) == 0.6689
+    assert decode["pace"] == round(full_ms / 60.0, 4) == 0.6028
     z = NormalDist().inv_cdf(settings.decode_peak_quantile)
     mean = decode_concurrency(request_rate_s=100.0 / TICK_S, osl_tokens=osl, itl_target_ms=60.0)
     assert decode["in_flight_at_target"] == round(
         full_ms / 60.0 * mean + z * math.sqrt(full_ms / 60.0 * mean), 1
     )
-    assert decode["wish"] == math.ceil(decode["in_flight_at_target"] / kv_bound) == 4
+    assert decode["wish"] == math.ceil(decode["in_flight_at_target"] / kv_bound) == 3
     assert math.ceil((mean + z * math.sqrt(mean)) / kv_bound) == 5
 
     overrun = ForwardPassMetrics(
@@ -477,8 +477,8 @@ def test_decode_sizes_the_requests_to_come_at_the_windows_context_and_those_held
     """A tick's few requests are a noisy sample of the mix. For a minute two decode engines hold
     20 requests of 8,075 tokens each; then one tick they hold 5 of 24,000. The requests to come
     are sized at the context held over the trend window (Σ KV tokens ÷ Σ requests of its 12
-    ticks: 8,428.9), a batch of 81, so the wish stays 2; the 10 held now are sized at their own
-    24,000 (a batch of 29). Sized at the tick's context, the same demand would wish 4."""
+    ticks: 8,428.9), a batch of 89, so the wish stays 2; the 10 held now are sized at their own
+    24,000 (a batch of 32). Sized at the tick's context, the same demand would wish 4."""
     settings = settings_for(h200, ("decode",), itl_target_ms=30.0)
     isl, osl = 8000.0, 150.0
 
@@ -500,7 +500,7 @@ def test_decode_sizes_the_requests_to_come_at_the_windows_context_and_those_held
     run = Run(h200, settings, expected={"decode": 2})
     for _ in range(12):
         steady = run.tick(100.0, isl=isl, osl=osl, fpm=held(20, 8075.0)).diagnostics["roles"]["decode"]
-    assert (steady["wish"], steady["batch_limit"], steady["window_context_tokens"]) == (2, 85, 8075.0)
+    assert (steady["wish"], steady["batch_limit"], steady["window_context_tokens"]) == (2, 92, 8075.0)
     decode = run.tick(100.0, isl=isl, osl=osl, fpm=held(5, 24_000.0)).diagnostics["roles"]["decode"]
     window = (11 * 40 * 8075.0 + 10 * 24_000.0) / (11 * 40 + 10)
     assert decode["window_context_tokens"] == round(window, 1) == 8428.9
@@ -518,10 +518,10 @@ def test_decode_sizes_the_requests_to_come_at_the_windows_context_and_those_held
             profile_itl_ms=profile_decode_floor(h200, decode["floor_scale"]),
         )
 
-    assert decode["batch_limit"] == limit(window) == 81
-    assert decode["held_batch_limit"] == limit(24_000.0) == 29
-    assert decode["wish"] == math.ceil(decode["in_flight_at_target"] / 81) == 2
-    assert math.ceil(decode["in_flight_at_target"] / 29) == 4
+    assert decode["batch_limit"] == limit(window) == 89
+    assert decode["held_batch_limit"] == limit(24_000.0) == 32
+    assert decode["wish"] == math.ceil(decode["in_flight_at_target"] / 89) == 2
+    assert math.ceil(decode["in_flight_at_target"] / 32) == 4
 
 
 # --- the prompt-length mix ------------------------------------------------------------------------
@@ -551,19 +551,19 @@ def test_long_prompt_mix_needs_more_prefill_than_its_mean_suggests(h200: PerfMod
     prior = prior_of(h200, settings).prefill
     mix_sizing = prefill_sizing(prior, settings, token_rate, mix, 1.0)
     # Pinned on the H200 prior: 40,000 tokens/s of 2000-token prompts need the cap's 2 at
-    # 36,231 tokens/s per engine; the long mix needs 4.
+    # 41,193 tokens/s per engine; the long mix needs 4.
     assert (uniform_engines, mix_sizing.engines) == (2, 4)
     # Of the mix's points (eight across each bucket, rescaled to the mean 2000 by 2000/1971.2),
-    # the top five of (32768, 65536], from 47104 × 1.0146 = 47,792 tokens up, take longer than
-    # the 2 s target alone (the longest servable is 46,208): 5/8 of its 3%, 1.875%, are
+    # the top four of (32768, 65536], from 51200 × 1.0146 = 51,948 tokens up, take longer than
+    # the 2 s target alone (the longest servable is 51,200): 4/8 of its 3%, 1.5%, are
     # unservable and left out of the count.
-    assert mix_sizing.longest_servable_tokens == 46208
-    assert mix_sizing.unservable_share == pytest.approx(0.01875, rel=1e-12)
+    assert mix_sizing.longest_servable_tokens == 51200
+    assert mix_sizing.unservable_share == pytest.approx(0.015, rel=1e-12)
     assert mix_sizing.meets_target is True
     assert uniform_result.replicas == {"prefill": uniform_engines}
     assert mix_result.replicas == {"prefill": mix_sizing.engines}
-    assert mix_result.diagnostics["roles"]["prefill"]["unservable_share"] == round(0.01875, 4)
-    assert mix_result.diagnostics["roles"]["prefill"]["unservable_rate_s"] == round(0.01875 * 20.0, 3)
+    assert mix_result.diagnostics["roles"]["prefill"]["unservable_share"] == round(0.015, 4)
+    assert mix_result.diagnostics["roles"]["prefill"]["unservable_rate_s"] == round(0.015 * 20.0, 3)
     assert (
         uniform_result.diagnostics["demand"]["token_rate_s"]
         == mix_result.diagnostics["demand"]["token_rate_s"]

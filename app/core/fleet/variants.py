@@ -70,7 +70,6 @@ def engine_capacity(
         model,
         chunk_tokens=chunk_tokens,
         prior_records=params.latency_prior_records,
-        caution_z=params.latency_caution_z,
         half_life_s=params.latency_half_life_s,
     )
     mix = LengthMix.uniform(isl_tokens)

@@ -15,8 +15,8 @@ The fit is a weighted least squares (a Bayesian linear regression with a Gaussia
 prior is the profile's own measured points as pseudo-observations worth `prior_records` records,
 so a planner with no data sizes by a straight-line reading of its profile, and a few ticks of
 forward passes outweigh it. Old records fade (`half_life_s`), so the model tracks what an
-iteration costs now. The model knows the range of its real data; outside it, a prediction is the
-upper `caution_z` confidence bound of the mean (wider the further out), never less than the mean.
+iteration costs now. A prediction is the fit's mean; the model knows the range of its real data
+(`outside`), beyond which decode is never cheaper than its profile (`DecodeCost`).
 
 Pure: no clock (the tick's `now_s` drives the fading), and every update returns a new model,
 so a tick can work on the committed state without changing it.
@@ -37,7 +37,6 @@ from app.core.perf.interpolation import PerfModel
 _PREFILL_SCALE = np.array([1.0, 1e-4, 1e-8])
 _DECODE_SCALE = np.array([1.0, 1e-2, 1e-5])
 _RIDGE = 1e-9
-_MIN_REL_NOISE = 0.02  # an iteration time is never known better than 2%
 
 
 def prefill_features(tokens: float, prefix_tokens: float, prompts: float = 1.0) -> np.ndarray:
@@ -64,32 +63,25 @@ class LinearCost:
 
     prior_xtx: np.ndarray
     prior_xty: np.ndarray
-    prior_yty: float
-    prior_weight: float
     xtx: np.ndarray
     xty: np.ndarray
-    yty: float = 0.0
     weight: float = 0.0  # the real records' weight, faded
     records: int = 0  # real records ever used
     high: np.ndarray | None = None  # the largest feature values of the real data
     updated_s: float | None = None
-    caution_z: float = 2.0
     half_life_s: float = 900.0
 
     @classmethod
     def from_prior(
-        cls, x: np.ndarray, y_ms: np.ndarray, *, prior_records: float, caution_z: float, half_life_s: float
+        cls, x: np.ndarray, y_ms: np.ndarray, *, prior_records: float, half_life_s: float
     ) -> LinearCost:
         w = prior_records / len(y_ms)
         p = x.shape[1]
         return cls(
             prior_xtx=w * x.T @ x,
             prior_xty=w * x.T @ y_ms,
-            prior_yty=float(w * y_ms @ y_ms),
-            prior_weight=float(prior_records),
             xtx=np.zeros((p, p)),
             xty=np.zeros(p),
-            caution_z=caution_z,
             half_life_s=half_life_s,
         )
 
@@ -105,62 +97,41 @@ class LinearCost:
             self,
             xtx=fade * self.xtx + x.T @ x,
             xty=fade * self.xty + x.T @ y_ms,
-            yty=fade * self.yty + float(y_ms @ y_ms),
             weight=fade * self.weight + len(y_ms),
             records=self.records + len(y_ms),
             high=high,
             updated_s=now_s,
         )
 
-    def _fit(self) -> tuple[np.ndarray, np.ndarray]:
-        """(coefficients, covariance of the coefficients)."""
+    def _fit(self) -> np.ndarray:
+        """The coefficients: the weighted least squares' solution, the prior included."""
         cached = self.__dict__.get("_cached")
         if cached is not None:
             return cached
         a = self.prior_xtx + self.xtx
         a = a + _RIDGE * np.trace(a) * np.eye(len(a))
-        b = self.prior_xty + self.xty
-        beta = np.linalg.solve(a, b)
-        total = self.prior_weight + self.weight
-        residual = max(0.0, self.prior_yty + self.yty - float(beta @ b))
-        mean_y = float(b[0]) / max(float(a[0, 0]), 1e-12)  # the weighted mean time
-        noise = max(residual / max(total - len(beta), 1.0), (_MIN_REL_NOISE * mean_y) ** 2)
-        cov = noise * np.linalg.inv(a)
-        object.__setattr__(self, "_cached", (beta, cov))
-        return beta, cov
+        beta = np.linalg.solve(a, self.prior_xty + self.xty)
+        object.__setattr__(self, "_cached", beta)
+        return beta
 
     @property
     def coefficients(self) -> np.ndarray:
-        return self._fit()[0]
+        return self._fit()
 
     def mean_ms(self, x: np.ndarray) -> float:
-        return float(self._fit()[0] @ x)
+        return float(self._fit() @ x)
 
     def outside(self, x: np.ndarray) -> bool:
         """Beyond the real data: past its largest value in some feature (by more than 5%)."""
         return self.high is None or bool(np.any(x[1:] > self.high[1:] * 1.05 + 1e-12))
 
     def predict_ms(self, x: np.ndarray) -> float:
-        """The mean inside the data's range; outside it the upper confidence bound."""
-        beta, cov = self._fit()
-        mean = float(beta @ x)
-        if self.outside(x):
-            mean += self.caution_z * math.sqrt(max(float(x @ cov @ x), 0.0))
-        return max(mean, 1e-3)
+        """The fit's mean (at least a microsecond)."""
+        return max(self.mean_ms(x), 1e-3)
 
     def predict_many_ms(self, x: np.ndarray) -> np.ndarray:
         """`predict_ms` of each row of `x`, at once."""
-        beta, cov = self._fit()
-        mean = x @ beta
-        if self.high is None:
-            far = np.ones(len(x), dtype=bool)
-        else:
-            far = np.any(x[:, 1:] > self.high[1:] * 1.05 + 1e-12, axis=1)
-        if far.any():
-            spread = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", x[far], cov, x[far]), 0.0))
-            mean = mean.copy()
-            mean[far] += self.caution_z * spread
-        return np.maximum(mean, 1e-3)
+        return np.maximum(x @ self._fit(), 1e-3)
 
     def summary(self) -> dict[str, float | int | list[float] | None]:
         beta = self.coefficients
@@ -337,7 +308,6 @@ def prior_models(
     *,
     chunk_tokens: int,
     prior_records: float,
-    caution_z: float,
     half_life_s: float,
 ) -> LatencyModels:
     """The profile's measured points as the prior of both roles' models."""
@@ -347,7 +317,7 @@ def prior_models(
     kv = np.asarray(dec.kv_usage, dtype=float) * dec.max_kv_tokens
     requests = np.maximum(kv / np.maximum(np.asarray(dec.context_tokens, dtype=float), 1.0), 1.0)
     x_dec = np.array([decode_features(n, k) for n, k in zip(requests, kv, strict=True)])
-    kwargs = {"prior_records": prior_records, "caution_z": caution_z, "half_life_s": half_life_s}
+    kwargs = {"prior_records": prior_records, "half_life_s": half_life_s}
     return LatencyModels(
         prefill=PrefillCost(
             LinearCost.from_prior(x_pre, np.asarray(pre.ttft_ms, dtype=float), **kwargs), chunk_tokens

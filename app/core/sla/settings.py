@@ -156,11 +156,6 @@ class SlaModel(BaseModel):
     latency_half_life_s: float = Field(
         default=900.0, gt=0, description="forward passes this old count half in the learned latency model"
     )
-    latency_caution_z: float = Field(
-        default=2.0,
-        ge=0,
-        description="beyond the batches and chunks seen, latencies are read this many standard errors high",
-    )
     busy_check_min: float = Field(
         default=0.5,
         gt=0,

@@ -79,7 +79,6 @@ def sla_step(model: PerfModel | None, state: SlaState, inp: SlaInput, settings: 
             model,
             chunk_tokens=settings.chunk_tokens,
             prior_records=settings.latency_prior_records,
-            caution_z=settings.latency_caution_z,
             half_life_s=settings.latency_half_life_s,
         )
     learned = learn_latency(state, inp)
