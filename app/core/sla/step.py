@@ -4,7 +4,7 @@ Each tick (`scaling.interval_s`) reads the frontend's traffic since the previous
 engine's latest forward passes (FPM) and the ready counts, and per role decides a count:
 
 1. **Engines** (learners.py, latency.py): the forward passes refit each role's iteration cost,
-   whose prior is the profile; beyond what the engines have shown it is read high. The lead is
+   whose prior is the profile; beyond the batches seen decode is never cheaper than it. The lead is
    how long the planner's own scale-ups took to become ready (`startup_estimate_s` until then).
 2. **Demand seen**: the busiest 2-tick burst of the last 4 ticks, the 12-tick trend level, the
    prompt-length mix, the arrivals' burstiness (demand.py) and the share of the prompt tokens
